@@ -1,0 +1,40 @@
+# Entry points. Each target does its own set-up (scripts/setup.sh is quick when
+# everything is current), so any of them works on a fresh Debian 12 machine as root.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+SCENARIO ?= default
+# Scenarios `make test` runs, in order.
+SCENARIOS ?= default fleet
+TIMED := scripts/timed.sh
+
+.PHONY: setup demo demo-down test lint unit molecule molecule-all syntax
+
+setup:
+	@scripts/setup.sh
+
+## The main job on the embedded demo fleet: four simulated V100 hosts, then site.yml.
+demo: setup
+	ansible-playbook -i inventories/demo tests/harness/fleet.yml
+	ansible-playbook -i inventories/demo site.yml
+
+demo-down: setup
+	ansible-playbook -i inventories/demo tests/harness/fleet.yml -e fleet_state=absent
+
+## Everything CI runs, with the time each part took.
+test: setup
+	@$(TIMED) test "$(MAKE) --no-print-directory lint unit molecule-all"
+
+lint: setup
+	@$(TIMED) lint "yamllint --strict . && ansible-lint && ansible-playbook --syntax-check -i inventories/production site.yml"
+
+unit: setup
+	@$(TIMED) unit "python -m pytest -q tests/unit"
+
+molecule: setup
+	@$(TIMED) "molecule $(SCENARIO)" "molecule test -s $(SCENARIO)"
+
+molecule-all: setup
+	@for s in $(SCENARIOS); do $(TIMED) "molecule $$s" "molecule test -s $$s" || exit 1; done

@@ -1,0 +1,144 @@
+# -*- coding: utf-8 -*-
+# Read NVIDIA GPUs through NVML (the pynvml / nvidia-ml-py package).
+#
+# Shared by the nvidia_gpu_facts module and the GPU tuning tool. Kept free of
+# Ansible imports so it is unit-testable on its own, and Python 3.8-compatible
+# because Ubuntu 20.04 hosts run it.
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+# NVML enum values used below (stable across NVML versions).
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_NVLINK_MAX_LINKS = 18
+
+# Error codes the deployment reacts to, by name, so callers need not import pynvml.
+NVML_ERROR_NAMES = {
+    9: "DRIVER_NOT_LOADED",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    18: "LIB_RM_VERSION_MISMATCH",
+}
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot answer: no driver, no library, a version mismatch, ..."""
+
+    def __init__(self, code, message):
+        super(NvmlUnavailable, self).__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def error_name(code):
+    return NVML_ERROR_NAMES.get(code, "NVML_ERROR_%s" % code)
+
+
+def cpu_list_from_mask(words, word_bits=64):
+    """NVML CPU affinity words (64-bit on Linux) -> sorted CPU ids."""
+    cpus = []
+    for word_index, word in enumerate(words):
+        for bit in range(word_bits):
+            if (word >> bit) & 1:
+                cpus.append(word_index * word_bits + bit)
+    return cpus
+
+
+def memory_bandwidth_bytes_per_s(bus_width_bits, max_mem_clock_mhz):
+    """Peak memory bandwidth: the bus moves data on both clock edges (DDR),
+    so bytes/s = width/8 * clock * 2. V100: 4096 bit, 877 MHz -> 898 GB/s."""
+    return int(bus_width_bits // 8 * max_mem_clock_mhz * 1000000 * 2)
+
+
+def _optional(nvml, func, *args):
+    """Call an NVML getter a card or driver may not support; None when it cannot."""
+    try:
+        return func(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _nvlink_peers(nvml, handle):
+    peers = []
+    for link in range(NVML_NVLINK_MAX_LINKS):
+        try:
+            active = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except nvml.NVMLError:
+            break  # no more links on this card (or no NVLink at all)
+        if active:
+            remote = _optional(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+            if remote is not None:
+                peers.append(_text(remote.busId))
+    return sorted(set(peers))
+
+
+def read_gpu(nvml, index, cpu_words=4):
+    """One GPU as a plain dict of JSON-friendly values."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    bus_width = nvml.nvmlDeviceGetMemoryBusWidth(handle)
+    max_mem_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, NVML_CLOCK_MEM)
+    power_min, power_max = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+    supported_mem = sorted(_optional(nvml, nvml.nvmlDeviceGetSupportedMemoryClocks, handle) or [], reverse=True)
+    supported_gfx = sorted(
+        _optional(nvml, nvml.nvmlDeviceGetSupportedGraphicsClocks, handle, max_mem_clock) or [], reverse=True)
+    affinity = _optional(nvml, nvml.nvmlDeviceGetCpuAffinity, handle, cpu_words) or []
+    numa_node = _optional(nvml, nvml.nvmlDeviceGetNumaNodeId, handle)
+    return {
+        "index": index,
+        "name": _text(nvml.nvmlDeviceGetName(handle)),
+        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+        "serial": _text(_optional(nvml, nvml.nvmlDeviceGetSerial, handle)),
+        "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+        "memory_total_bytes": int(memory.total),
+        "memory_free_bytes": int(memory.free),
+        "memory_used_bytes": int(memory.used),
+        "compute_capability": "%d.%d" % (major, minor),
+        "cuda_arch": "%d%d" % (major, minor),
+        "memory_bus_width_bits": int(bus_width),
+        "max_memory_clock_mhz": int(max_mem_clock),
+        "memory_bandwidth_bytes_per_s": memory_bandwidth_bytes_per_s(bus_width, max_mem_clock),
+        "max_graphics_clock_mhz": int(nvml.nvmlDeviceGetMaxClockInfo(handle, NVML_CLOCK_GRAPHICS)),
+        "graphics_clock_mhz": _optional(nvml, nvml.nvmlDeviceGetClockInfo, handle, NVML_CLOCK_GRAPHICS),
+        "supported_memory_clocks_mhz": [int(c) for c in supported_mem],
+        "supported_graphics_clocks_mhz": [int(c) for c in supported_gfx],
+        "power_limit_min_w": power_min / 1000.0,
+        "power_limit_max_w": power_max / 1000.0,
+        "power_limit_default_w": nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) / 1000.0,
+        "power_limit_w": nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0,
+        "persistence_mode": bool(_optional(nvml, nvml.nvmlDeviceGetPersistenceMode, handle)),
+        "numa_node": numa_node if numa_node is not None and numa_node >= 0 else None,
+        "cpu_affinity": cpu_list_from_mask(affinity),
+        "nvlink_peers": _nvlink_peers(nvml, handle),
+    }
+
+
+def read_host(nvml):
+    """All GPUs and the driver of this host. Raises NvmlUnavailable when NVML
+    cannot answer, with NVML's own reason."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as err:
+        raise NvmlUnavailable(getattr(err, "value", None), "NVML could not start: %s" % err)
+    try:
+        cuda = _optional(nvml, nvml.nvmlSystemGetCudaDriverVersion)
+        host = {
+            "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": "%d.%d" % (cuda // 1000, cuda % 1000 // 10) if cuda else None,
+            "gpus": [read_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())],
+        }
+    except nvml.NVMLError as err:
+        raise NvmlUnavailable(getattr(err, "value", None), "NVML failed while reading the GPUs: %s" % err)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    return host

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Everything the demo and the tests need on a fresh Debian 12 machine, idempotent
+# and quick when already done:
+#   1. system packages (Docker engine, debootstrap, compilers for the mock NVML),
+#   2. a running Docker engine,
+#   3. the control node's venv (.venv) from requirements.txt,
+#   4. the simulated host image, the local NVIDIA apt mirror and the host wheelhouse.
+# Each part is skipped when its result is current. Run as root (apt, dockerd).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cache="$root/.cache"
+harness_cache="$cache/harness"
+venv="$root/.venv"
+mkdir -p "$cache" "$harness_cache"
+
+step() { printf '\n== setup: %s\n' "$*"; }
+
+# --- 1. System packages -------------------------------------------------------
+need_pkgs=()
+command -v dockerd >/dev/null || need_pkgs+=(docker.io)
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v dpkg-scanpackages >/dev/null || need_pkgs+=(dpkg-dev)
+command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
+command -v make >/dev/null || need_pkgs+=(make)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  step "installing system packages: ${need_pkgs[*]}"
+  [ "$(id -u)" = 0 ] || { echo "setup: run as root to install ${need_pkgs[*]}" >&2; exit 1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# --- 2. Docker engine ----------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  step "starting the Docker engine"
+  if [ -d /run/systemd/system ]; then
+    systemctl start docker
+  else
+    # No systemd on this machine (a CI sandbox): run the daemon in the background.
+    nohup dockerd >"$cache/dockerd.log" 2>&1 &
+  fi
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "setup: the Docker engine did not start; see $cache/dockerd.log" >&2; tail -n 20 "$cache/dockerd.log" >&2 || true; exit 1; }
+fi
+
+# --- 3. Control node venv ------------------------------------------------------
+req_hash=$(sha256sum requirements.txt | cut -c1-16)
+if [ "$(cat "$venv/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
+  step "creating $venv from requirements.txt"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q -r requirements.txt
+  echo "$req_hash" > "$venv/.requirements-hash"
+fi
+
+# --- 4. Simulated fleet: image, NVIDIA apt mirror, wheelhouse ------------------
+step "simulated host image"
+tests/harness/image/build-image.sh
+step "local NVIDIA apt mirror"
+tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
+
+wheel_hash=$(sha256sum requirements-host.txt | cut -c1-16)
+if [ "$(cat "$harness_cache/wheelhouse/.hash" 2>/dev/null)" != "$wheel_hash" ]; then
+  step "host wheelhouse (requirements-host.txt)"
+  rm -rf "$harness_cache/wheelhouse"
+  # The test hosts run Debian 12's Python 3.11, the same as this machine's venv.
+  "$venv/bin/pip" download -q --only-binary :all: --python-version 3.11 \
+    -d "$harness_cache/wheelhouse" -r requirements-host.txt
+  echo "$wheel_hash" > "$harness_cache/wheelhouse/.hash"
+fi
+step "done"
