@@ -61,13 +61,13 @@ tests/harness/image/build-image.sh
 step "local NVIDIA apt mirror"
 tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
 
-wheel_hash=$(sha256sum requirements-host.txt | cut -c1-16)
+wheel_hash=$(sha256sum roles/fleet_common/files/requirements-host.txt | cut -c1-16)
 if [ "$(cat "$harness_cache/wheelhouse/.hash" 2>/dev/null)" != "$wheel_hash" ]; then
-  step "host wheelhouse (requirements-host.txt)"
+  step "host wheelhouse (roles/fleet_common/files/requirements-host.txt)"
   rm -rf "$harness_cache/wheelhouse"
   # The test hosts run Debian 12's Python 3.11, the same as this machine's venv.
   "$venv/bin/pip" download -q --only-binary :all: --python-version 3.11 \
-    -d "$harness_cache/wheelhouse" -r requirements-host.txt
+    -d "$harness_cache/wheelhouse" -r roles/fleet_common/files/requirements-host.txt
   echo "$wheel_hash" > "$harness_cache/wheelhouse/.hash"
 fi
 step "done"

@@ -5,6 +5,7 @@ hosts the same way: NVML through the real pynvml, systemd, and restarts through
 the Docker engine (a restart is a reboot of the simulated host).
 """
 import json
+import sys
 import os
 import subprocess
 import time
@@ -57,3 +58,44 @@ def sim_profile(host):
     """The hardware profile the harness gave this host."""
     from gpu_profile import load_profile
     return load_profile(host.ansible.get_variables()["sim_gpu_profile"])
+
+
+def harness_group_vars():
+    """What every simulated host's inventory carries (tests/harness/group_vars/all.yml)."""
+    import yaml
+    with open(os.path.join(HARNESS_DIR, "group_vars", "all.yml")) as handle:
+        return yaml.safe_load(handle)
+
+
+def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None):
+    """Run one of the project's playbooks against simulated hosts (put in
+    gpu_servers) the way an operator would, with an inventory written here.
+    Returns the CompletedProcess; output is in .stdout."""
+    import tempfile
+    import yaml
+    repo = os.path.dirname(os.path.dirname(HARNESS_DIR))
+    workdir = str(tmp_path) if tmp_path else tempfile.mkdtemp(prefix="llm-fleet-test-")
+    inventory = os.path.join(workdir, "hosts.yml")
+    with open(inventory, "w") as handle:
+        yaml.safe_dump({"all": {"vars": harness_group_vars(),
+                                "children": {"gpu_servers": {"hosts": {h: {} for h in hosts}}}}}, handle)
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory,
+            os.path.join(repo, playbook)]
+    if extra_vars:
+        argv += ["-e", json.dumps(extra_vars)]
+    if check:
+        argv.append("--check")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(repo, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=1200)
+
+
+def recap(output, host):
+    """The PLAY RECAP counters of one host: {'ok': 3, 'changed': 1, ...}."""
+    import re
+    counters = {}
+    for line in output.splitlines():
+        if line.startswith(host + " ") and ":" in line and "ok=" in line:
+            for key, value in re.findall(r"(\w+)=(\d+)", line):
+                counters[key] = counters.get(key, 0) + int(value)
+    return counters
