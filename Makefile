@@ -7,7 +7,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 SCENARIO ?= default
 # Scenarios `make test` runs, in order.
-SCENARIOS ?= default fleet nvidia_stack
+SCENARIOS ?= default fleet nvidia_stack gpu_tuning
 TIMED := scripts/timed.sh
 
 .PHONY: setup demo demo-down test lint unit molecule molecule-all syntax
