@@ -97,6 +97,8 @@ def read_gpu(nvml, index, cpu_words=4):
         "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
         "serial": _text(_optional(nvml, nvml.nvmlDeviceGetSerial, handle)),
         "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+        # /dev/nvidia<minor> is this GPU's device node.
+        "minor_number": _optional(nvml, nvml.nvmlDeviceGetMinorNumber, handle),
         "memory_total_bytes": int(memory.total),
         "memory_free_bytes": int(memory.free),
         "memory_used_bytes": int(memory.used),

@@ -1,0 +1,252 @@
+"""Synthetic GGUF models for the unit tests, written with gguf-py's GGUFWriter.
+
+The headers and tensor tables are real (real shapes and quantization types, so
+the tensor table's byte counts are those of the real model), but no weight is
+ever written: after the tensor table, each file is extended with truncate() to
+the size its tensor data would take, which makes a sparse file. A 20 GB-shaped
+32B model costs a few hundred KiB of disk and writes in well under a second.
+
+Shapes (ggml order: ne0 first, as llama.cpp and the tensor table list them):
+- dense_32b: Qwen2.5-32B (qwen2): 64 layers, 40 heads, 8 KV heads, head_dim 128,
+  embedding 5120, ffn 27648, vocab 152064, untied output.
+- hybrid_27b: Qwen3.5-27B (qwen35): 64 layers, every 4th full attention (24 heads,
+  4 KV heads x 256), 48 gated-delta-net layers (16 key heads, 48 value heads,
+  128 x 128, conv kernel 4), embedding 5120, ffn 17408, vocab 248320.
+- gemma3_27b: Gemma-3-27B (gemma3): 62 layers, 32 heads, 16 KV heads x 128,
+  embedding 5376, ffn 21504, vocab 262208, sliding window 1024 on 5 of every 6
+  layers, tied embeddings.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
+
+F32 = Q.F32
+
+
+def use_more_bits(i, n):
+    """llama.cpp's rule for the layers whose attn_v/ffn_down get more bits in *_M quants."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+RECIPES = {
+    # ftype: (base type, type of attn_v/ffn_down in use_more_bits layers, output, token_embd)
+    "Q3_K_S": (Q.Q3_K, Q.Q3_K, Q.Q6_K, Q.Q3_K),
+    "Q4_K_M": (Q.Q4_K, Q.Q6_K, Q.Q6_K, Q.Q4_K),
+    "Q5_K_M": (Q.Q5_K, Q.Q6_K, Q.Q6_K, Q.Q5_K),
+    "Q8_0": (Q.Q8_0, Q.Q8_0, Q.Q8_0, Q.Q8_0),
+}
+
+
+def tensor_nbytes(ne, qtype):
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = math.prod(ne)
+    assert n % block == 0, (ne, qtype)
+    return n // block * size
+
+
+def _add_kv(writer, key, value):
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, (list, tuple)):
+        writer.add_array(key, list(value))
+    else:
+        raise TypeError(key)
+
+
+def write_gguf(path, arch, kv, tensors, split_max_tensors=0):
+    """Write a sparse GGUF file (or split set): kv is {key: value} (ints as
+    uint32), tensors is [(name, ne (ggml order), GGMLQuantizationType)].
+    Returns the list of files written."""
+    path = Path(path)
+    writer = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    for key, value in kv.items():
+        _add_kv(writer, key, value)
+    for name, ne, qtype in tensors:
+        writer.add_tensor_info(name, tuple(reversed(ne)), np.float32, tensor_nbytes(ne, qtype), raw_dtype=qtype)
+    files = writer.format_shard_names(path)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    align = writer.data_alignment
+    for fout, shard in zip(writer.fout, writer.tensors):
+        writer.write_padding(fout, fout.tell())
+        data = sum(GGUFWriter.ggml_pad(ti.nbytes, align) for ti in shard.values())
+        fout.truncate(fout.tell() + data)  # sparse: the weights are holes
+    writer.close()
+    return files
+
+
+def _ftype(label):
+    return int(getattr(LlamaFileType, "MOSTLY_" + label))
+
+
+def _common_kv(arch, name, ftype, n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv):
+    return {
+        "general.name": name,
+        "general.file_type": _ftype(ftype),
+        "%s.block_count" % arch: n_layer,
+        "%s.context_length" % arch: n_ctx,
+        "%s.embedding_length" % arch: n_embd,
+        "%s.feed_forward_length" % arch: n_ff,
+        "%s.attention.head_count" % arch: n_head,
+        "%s.attention.head_count_kv" % arch: n_head_kv,
+    }
+
+
+def _ffn(i, n_layer, n_embd, n_ff, base, more):
+    return [
+        ("blk.%d.ffn_norm.weight" % i, (n_embd,), F32),
+        ("blk.%d.ffn_gate.weight" % i, (n_embd, n_ff), base),
+        ("blk.%d.ffn_up.weight" % i, (n_embd, n_ff), base),
+        ("blk.%d.ffn_down.weight" % i, (n_ff, n_embd), more if use_more_bits(i, n_layer) else base),
+    ]
+
+
+def dense_32b(path, ftype="Q4_K_M", split_max_tensors=0, n_layer=64):
+    """Qwen2.5-32B-shaped dense GQA model."""
+    arch, n_embd, n_ff, n_head, n_head_kv, hd, vocab = "qwen2", 5120, 27648, 40, 8, 128, 152064
+    base, more, out_t, embd_t = RECIPES[ftype]
+    kv = _common_kv(arch, "Qwen2.5-32B-synthetic", ftype, n_layer, 32768, n_embd, n_ff, n_head, n_head_kv)
+    kv["%s.attention.layer_norm_rms_epsilon" % arch] = 1e-6
+    tensors = [("token_embd.weight", (n_embd, vocab), embd_t)]
+    for i in range(n_layer):
+        tensors += [
+            ("blk.%d.attn_norm.weight" % i, (n_embd,), F32),
+            ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd), base),
+            ("blk.%d.attn_q.bias" % i, (n_head * hd,), F32),
+            ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
+            ("blk.%d.attn_k.bias" % i, (n_head_kv * hd,), F32),
+            ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
+            ("blk.%d.attn_v.bias" % i, (n_head_kv * hd,), F32),
+            ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
+        ] + _ffn(i, n_layer, n_embd, n_ff, base, more)
+    tensors += [("output_norm.weight", (n_embd,), F32), ("output.weight", (n_embd, vocab), out_t)]
+    return write_gguf(path, arch, kv, tensors, split_max_tensors=split_max_tensors)
+
+
+def hybrid_27b(path, ftype="Q4_K_M"):
+    """Qwen3.5-27B-shaped hybrid: 16 full-attention layers, 48 gated-delta-net layers."""
+    arch, n_layer, n_embd, n_ff, vocab = "qwen35", 64, 5120, 17408, 248320
+    n_head, n_head_kv, hd = 24, 4, 256
+    k_heads, v_heads, dk, dv, conv = 16, 48, 128, 128, 4
+    base, more, out_t, embd_t = RECIPES[ftype]
+    kv = _common_kv(arch, "Qwen3.5-27B-synthetic", ftype, n_layer, 262144, n_embd, n_ff, n_head, n_head_kv)
+    kv.update({
+        "%s.attention.key_length" % arch: hd,
+        "%s.attention.value_length" % arch: hd,
+        "%s.full_attention_interval" % arch: 4,
+        "%s.ssm.conv_kernel" % arch: conv,
+        "%s.ssm.state_size" % arch: dk,
+        "%s.ssm.group_count" % arch: k_heads,
+        "%s.ssm.time_step_rank" % arch: v_heads,
+        "%s.ssm.inner_size" % arch: v_heads * dv,
+    })
+    qkv = 2 * k_heads * dk + v_heads * dv
+    tensors = [("token_embd.weight", (n_embd, vocab), embd_t)]
+    for i in range(n_layer):
+        tensors.append(("blk.%d.attn_norm.weight" % i, (n_embd,), F32))
+        if (i + 1) % 4 == 0:
+            tensors += [
+                ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd * 2), base),  # query + output gate
+                ("blk.%d.attn_q_norm.weight" % i, (hd,), F32),
+                ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
+                ("blk.%d.attn_k_norm.weight" % i, (hd,), F32),
+                ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
+                ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
+            ]
+        else:
+            tensors += [
+                ("blk.%d.attn_qkv.weight" % i, (n_embd, qkv), base),
+                ("blk.%d.attn_gate.weight" % i, (n_embd, v_heads * dv), base),
+                ("blk.%d.ssm_conv1d.weight" % i, (conv, qkv), F32),
+                ("blk.%d.ssm_a" % i, (v_heads,), F32),
+                ("blk.%d.ssm_dt.bias" % i, (v_heads,), F32),
+                ("blk.%d.ssm_beta.weight" % i, (n_embd, v_heads), base),
+                ("blk.%d.ssm_alpha.weight" % i, (n_embd, v_heads), base),
+                ("blk.%d.ssm_norm.weight" % i, (dv,), F32),
+                ("blk.%d.ssm_out.weight" % i, (v_heads * dv, n_embd), base),
+            ]
+        tensors.append(("blk.%d.post_attention_norm.weight" % i, (n_embd,), F32))
+        tensors += _ffn(i, n_layer, n_embd, n_ff, base, more)[1:]
+    tensors += [("output_norm.weight", (n_embd,), F32), ("output.weight", (n_embd, vocab), out_t)]
+    return write_gguf(path, arch, kv, tensors)
+
+
+def gemma3_27b(path, ftype="Q4_K_M", write_pattern=False):
+    """Gemma-3-27B-shaped: sliding window 1024 on 5 of every 6 layers, tied embeddings."""
+    arch, n_layer, n_embd, n_ff, vocab = "gemma3", 62, 5376, 21504, 262208
+    n_head, n_head_kv, hd = 32, 16, 128
+    base, more, _, embd_t = RECIPES[ftype]
+    kv = _common_kv(arch, "Gemma-3-27B-synthetic", ftype, n_layer, 131072, n_embd, n_ff, n_head, n_head_kv)
+    kv.update({
+        "%s.attention.key_length" % arch: hd,
+        "%s.attention.value_length" % arch: hd,
+        "%s.attention.sliding_window" % arch: 1024,
+    })
+    if write_pattern:
+        kv["%s.attention.sliding_window_pattern" % arch] = 6
+    tensors = [("token_embd.weight", (n_embd, vocab), Q.Q6_K if embd_t != Q.Q8_0 else embd_t)]
+    for i in range(n_layer):
+        tensors += [
+            ("blk.%d.attn_norm.weight" % i, (n_embd,), F32),
+            ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd), base),
+            ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
+            ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
+            ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
+        ] + _ffn(i, n_layer, n_embd, n_ff, base, more)
+    tensors += [("output_norm.weight", (n_embd,), F32)]  # no output.weight: tied to token_embd
+    return write_gguf(path, arch, kv, tensors)
+
+
+def tiny(path, n_layer=2):
+    """A small dense model (a few KiB of weights, written as holes too)."""
+    arch = "llama"
+    kv = _common_kv(arch, "tiny", "Q8_0", n_layer, 2048, 256, 512, 4, 2)
+    tensors = [("token_embd.weight", (256, 1000), Q.Q8_0)]
+    for i in range(n_layer):
+        tensors += [
+            ("blk.%d.attn_q.weight" % i, (256, 256), Q.Q8_0),
+            ("blk.%d.attn_k.weight" % i, (256, 128), Q.Q8_0),
+            ("blk.%d.attn_v.weight" % i, (256, 128), Q.Q8_0),
+            ("blk.%d.attn_output.weight" % i, (256, 256), Q.Q8_0),
+        ]
+    tensors += [("output.weight", (256, 1000), Q.Q8_0)]
+    return write_gguf(path, arch, kv, tensors)
+
+
+def truncate(path, keep_bytes):
+    """Cut a file to its first keep_bytes bytes (an interrupted download)."""
+    with open(path, "r+b") as handle:
+        handle.truncate(keep_bytes)
+    return path
+
+
+def write_all(directory):
+    """Every model the tests use, by name -> path of the file to give gguf_info."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    models = {
+        "dense_q4km": dense_32b(d / "qwen2.5-32b-Q4_K_M.gguf", "Q4_K_M")[0],
+        "dense_q3ks": dense_32b(d / "qwen2.5-32b-Q3_K_S.gguf", "Q3_K_S")[0],
+        "hybrid_q4km": hybrid_27b(d / "qwen3.5-27b-Q4_K_M.gguf", "Q4_K_M")[0],
+        "gemma3_q4km": gemma3_27b(d / "gemma-3-27b-Q4_K_M.gguf", "Q4_K_M")[0],
+        "gemma3_pattern": gemma3_27b(d / "gemma-3-27b-pattern-Q4_K_M.gguf", "Q4_K_M", write_pattern=True)[0],
+    }
+    split = dense_32b(d / "qwen2.5-32b-split-Q4_K_M.gguf", "Q4_K_M", split_max_tensors=300)
+    models["split_first"] = split[0]
+    models["split_files"] = split
+    models["tiny"] = tiny(d / "tiny.gguf")[0]
+    models["truncated_data"] = truncate(tiny(d / "tiny-cut.gguf")[0], (d / "tiny-cut.gguf").stat().st_size - 1000)
+    models["truncated_header"] = truncate(tiny(d / "tiny-head.gguf")[0], 200)
+    not_gguf = d / "not-a-model.gguf"
+    not_gguf.write_text("<html>404 Not Found</html>\n")
+    models["not_gguf"] = not_gguf
+    return models

@@ -1,0 +1,447 @@
+"""library/llama_plan.py and module_utils/llama_plan.py.
+
+GPU facts come from the real nvidia_gpu_facts module over the mock NVML profiles;
+models from synthetic GGUF headers (gguf_fixtures). Expected figures are worked out
+by hand in each test from the shapes and from docs/planning.md's constants."""
+import copy
+
+import pytest
+
+from conftest import ROOT, run_module
+
+import gguf_fixtures
+
+import ansible.module_utils
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+from ansible.module_utils import gguf_model, llama_plan as lp  # noqa: E402
+
+MIB, GIB = 1 << 20, 1 << 30
+V100_BW = 4096 // 8 * 877 * 2 * 10 ** 6          # 898.048 GB/s
+FACTS_BPW = {"Q3_K_S": 3.64, "Q4_K_M": 4.89, "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50}
+# The 5 keys whose sum is total_bytes.
+PARTS = ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes", "headroom_bytes")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return gguf_fixtures.write_all(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def dense_meta(models):
+    return gguf_model.read_model(str(models["dense_q4km"]))
+
+
+@pytest.fixture(scope="module")
+def hybrid_meta(models):
+    return gguf_model.read_model(str(models["hybrid_q4km"]))
+
+
+@pytest.fixture(scope="module")
+def gemma_meta(models):
+    return gguf_model.read_model(str(models["gemma3_q4km"]))
+
+
+@pytest.fixture
+def gpus(gpu_host):
+    def read(profile):
+        result = run_module("nvidia_gpu_facts", env=gpu_host(profile))
+        return result["ansible_facts"]["nvidia_gpus"]
+    return read
+
+
+def declared(meta, quants=("Q3_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")):
+    """Candidates declared before download: size = parameters x FACTS bits per weight / 8."""
+    return [{"quant": q, "size_bytes": int(meta["parameter_count"] * FACTS_BPW[q] / 8), "metadata": meta}
+            for q in quants]
+
+
+def plan(gpus, candidates, policy=None):
+    result = run_module("llama_plan", {"gpus": gpus, "candidates": candidates, "policy": policy or {}})
+    assert not result.get("failed"), result.get("msg")
+    assert result["changed"] is False
+    return result
+
+
+def check_plan(p, meta, policy=None):
+    """Invariants every plan keeps."""
+    pol = dict(lp.DEFAULT_POLICY, **(policy or {}))
+    m = p["memory"]
+    assert m["total_bytes"] == sum(m[k] for k in PARTS)
+    assert m["total_bytes"] <= m["gpu_total_bytes"]
+    assert m["kv_bytes"] == m["kv_full_attention_bytes"] + m["kv_sliding_window_bytes"] + m["recurrent_state_bytes"]
+    assert m["overhead_bytes"] == m["overhead_cuda_bytes"] + m["overhead_driver_reserved_bytes"]
+    assert m["predicted_used_bytes"] == m["total_bytes"] - m["headroom_bytes"]
+    assert p["ctx_size"] % p["parallel"] == 0 and p["ctx_size"] // p["parallel"] == p["ctx_per_slot"]
+    assert p["ctx_per_slot"] % 256 == 0
+    assert pol["min_ctx"] <= p["ctx_per_slot"] <= meta["context_length"]
+    assert p["ctx_size"] <= pol["target_ctx"]
+    assert pol["min_parallel"] <= p["parallel"] <= pol["target_parallel"]
+    assert p["cache_type_k"] == p["cache_type_v"] in pol["cache_types"]
+    # the full-attention KV is exactly the formula for the whole -c
+    assert m["kv_full_attention_bytes"] == p["ctx_size"] * meta["kv_bytes_per_token"][p["cache_type_k"]]
+    assert p["reason"] and isinstance(p["reason"], str)
+    assert p["server_args"][p["server_args"].index("-c") + 1] == str(p["ctx_size"])
+
+
+# --- the mock profiles --------------------------------------------------------------
+
+def test_v100_32gb_lands_on_q4_k_m(gpus, dense_meta):
+    result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))
+    p, = result["plans"]
+    check_plan(p, dense_meta)
+    assert p["quant"] == "Q4_K_M"
+    assert (p["ctx_size"], p["parallel"], p["cache_type_k"]) == (32768, 4, "f16")
+    assert p["n_gpu_layers"] == 65 and p["partial_offload"] is False
+    assert p["flash_attn"] is True and p["threads"] == 20 and p["numa_node"] == 0
+    assert p["gpu_uuid"] == "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4" and p["gpu_index"] == 0
+    assert p["candidate_index"] == 1
+    # Q5_K_M fits but reads too much per token; Q8_0 does not fit.
+    verdicts = dict((c["quant"], c["verdict"]) for c in p["candidates"])
+    assert "below the 40 tok/s floor" in verdicts["Q5_K_M"] and "below" in verdicts["Q6_K"]
+    assert "more than the card" in verdicts["Q8_0"]
+    assert "lower quality" in verdicts["Q3_K_S"]
+    assert "Q5_K_M (ceiling" in p["reason"] and "f16 KV reaches it" in p["reason"]
+    assert 40 <= p["decode_ceiling_tps"] < 50
+    assert any("plan: Q4_K_M -c 32768 -np 4" in line for line in result["table"])
+
+
+@pytest.mark.parametrize("profile, numa", [("v100-sxm2-16gb", 0), ("v100-pcie-16gb", 1)])
+def test_v100_16gb_lands_on_q3_k_s(gpus, dense_meta, profile, numa):
+    p, = plan(gpus(profile), declared(dense_meta))["plans"]
+    check_plan(p, dense_meta)
+    assert p["quant"] == "Q3_K_S"
+    assert p["numa_node"] == numa and p["threads"] == 20
+    # f16 cannot hold even one slot of 4096 tokens next to 13.5 GiB of weights: q8_0
+    assert p["cache_type_k"] == "q8_0"
+    assert p["parallel"] == 1 and 4096 <= p["ctx_size"] < 8192
+    assert "Q4_K_M (needs" in p["reason"]
+
+
+def test_v100_16gb_with_the_real_q3_k_s_file_gets_two_slots(gpus, models, dense_meta):
+    """The real Q3_K_S file (14.39 GB, 3.51 bits/weight for this shape) leaves room for two slots."""
+    cands = [{"path": str(models["dense_q3ks"])}] + declared(dense_meta, ("Q4_K_M",))
+    p, = plan(gpus("v100-sxm2-16gb"), cands)["plans"]
+    check_plan(p, dense_meta)
+    assert p["quant"] == "Q3_K_S" and p["model_path"] == str(models["dense_q3ks"])
+    assert p["parallel"] == 2 and p["cache_type_k"] == "q8_0"
+    weights = gguf_model.read_model(str(models["dense_q3ks"]))
+    assert p["memory"]["weights_bytes"] == weights["weight_bytes"] - weights["token_embd_bytes"]
+
+
+def test_two_16gb_gpus_with_nvlink_get_a_plan_each(gpus, dense_meta):
+    facts = gpus("2x-v100-sxm2-16gb-nvlink")
+    result = plan(facts, declared(dense_meta))
+    assert [p["gpu_index"] for p in result["plans"]] == [0, 1]
+    assert [p["gpu_uuid"] for p in result["plans"]] == [g["uuid"] for g in facts]
+    assert [p["numa_node"] for p in result["plans"]] == [0, 1]
+    for p in result["plans"]:
+        check_plan(p, dense_meta)
+        assert p["quant"] == "Q3_K_S" and p["threads"] == 20
+    assert len(result["summary"].splitlines()) == 2
+    assert sum(1 for line in result["table"] if line.startswith("GPU ")) == 2
+
+
+def test_t4_fails_with_the_budget_table(gpus, dense_meta):
+    result = run_module("llama_plan", {"gpus": gpus("t4"), "candidates": declared(dense_meta)})
+    assert result["failed"]
+    msg = result["msg"]
+    assert "No candidate fits GPU 0 (Tesla T4" in msg
+    assert "The smallest, Q3_K_S" in msg
+    assert "quant" in msg and "headroom" in msg and "smallest candidate" in msg  # the table
+    assert "allow_partial_offload" in msg and "smaller quantization" in msg
+
+
+def test_partial_offload_only_when_allowed(gpus, dense_meta):
+    result = plan(gpus("t4"), declared(dense_meta), {"allow_partial_offload": True})
+    p, = result["plans"]
+    assert p["partial_offload"] is True
+    assert 0 < p["n_gpu_layers"] <= 64
+    assert p["memory"]["total_bytes"] <= p["memory"]["gpu_total_bytes"]
+    assert p["flash_attn"] is True  # Turing, 7.5
+    assert any("host memory" in w for w in result["plan_warnings"])
+    # a card the model fits never gets a partial plan, allowed or not
+    full, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"allow_partial_offload": True})["plans"]
+    assert full["partial_offload"] is False and full["n_gpu_layers"] == 65
+
+
+def test_hybrid_model_affords_a_better_quant_and_more_context(gpus, dense_meta, hybrid_meta):
+    big, = plan(gpus("v100-sxm2-32gb"), declared(hybrid_meta))["plans"]
+    check_plan(big, hybrid_meta)
+    assert lp.QUANT_BPW[big["quant"]] > lp.QUANT_BPW["Q4_K_M"]
+    assert big["quant"] == "Q6_K"
+    small, = plan(gpus("v100-sxm2-16gb"), declared(hybrid_meta))["plans"]
+    dense_small, = plan(gpus("v100-sxm2-16gb"), declared(dense_meta))["plans"]
+    check_plan(small, hybrid_meta)
+    assert small["ctx_size"] > dense_small["ctx_size"] and small["parallel"] > dense_small["parallel"]
+    assert (small["ctx_size"], small["parallel"], small["cache_type_k"]) == (32768, 4, "f16")
+    # the 48 linear-attention layers cost a fixed state per slot, counted in kv_bytes
+    assert small["memory"]["recurrent_state_bytes"] == 4 * 156893184
+
+
+def test_gemma3_sliding_window_cache_is_per_slot(gpus, gemma_meta):
+    p, = plan(gpus("v100-sxm2-32gb"), declared(gemma_meta))["plans"]
+    check_plan(p, gemma_meta)
+    cells = min(p["ctx_per_slot"], 1024 + 512)  # window + ubatch, padded to 256: 1536
+    assert p["memory"]["kv_sliding_window_bytes"] == \
+        p["parallel"] * cells * gemma_meta["swa_kv_bytes_per_token"][p["cache_type_k"]]
+    # tied embeddings: the output layer's copy stays on the GPU, so all weights count
+    assert p["memory"]["weights_bytes"] == int(gemma_meta["parameter_count"] * FACTS_BPW[p["quant"]] / 8)
+
+
+def test_local_files_use_their_real_sizes(gpus, models, dense_meta):
+    cands = [{"path": str(models["dense_q3ks"])}, {"quant": "Q4_K_M", "path": str(models["dense_q4km"])}]
+    p, = plan(gpus("v100-sxm2-32gb"), cands)["plans"]
+    check_plan(p, dense_meta)
+    assert p["quant"] == "Q4_K_M" and p["model_path"] == str(models["dense_q4km"])
+    assert p["memory"]["weights_bytes"] == dense_meta["weight_bytes"] - 437944320
+    assert p["server_args"][:2] == ["-m", str(models["dense_q4km"])]
+
+
+def test_a_split_model_is_one_candidate(gpus, models, dense_meta):
+    p, = plan(gpus("v100-sxm2-32gb"), [{"path": str(models["split_files"][1])}])["plans"]
+    check_plan(p, dense_meta)
+    assert p["model_path"] == str(models["split_files"][0]) and p["quant"] == "Q4_K_M"
+    assert p["memory"]["weights_bytes"] == dense_meta["weight_bytes"] - 437944320
+
+
+def test_a_path_candidate_uses_its_file_even_if_mislabelled(gpus, models, dense_meta):
+    result = plan(gpus("v100-sxm2-32gb"), [{"quant": "Q5_K_M", "path": str(models["dense_q4km"])}])
+    p, = result["plans"]
+    assert p["memory"]["weights_bytes"] == dense_meta["weight_bytes"] - 437944320
+    assert any("says Q4_K_M" in w for w in result["plan_warnings"])
+
+
+def test_odd_minimums_are_rounded_to_whole_cells(gpus, dense_meta):
+    p, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_ctx": 4000, "target_ctx": 4000,
+                                                              "target_parallel": 1})["plans"]
+    assert (p["parallel"], p["ctx_size"]) == (1, 4096)
+
+
+def test_a_declared_candidate_whose_file_is_absent_keeps_its_path(gpus, dense_meta, tmp_path):
+    target = str(tmp_path / "later-Q4_K_M.gguf")
+    cand = dict(declared(dense_meta, ("Q4_K_M",))[0], path=target, url="https://example.invalid/q4.gguf")
+    p, = plan(gpus("v100-sxm2-32gb"), [cand])["plans"]
+    assert p["model_path"] == target and p["candidate"]["url"].endswith("q4.gguf")
+    assert "metadata" not in p["candidate"]
+
+
+def test_check_mode(gpus, dense_meta):
+    args = {"gpus": gpus("v100-sxm2-32gb"), "candidates": declared(dense_meta), "_ansible_check_mode": True}
+    result = run_module("llama_plan", args)
+    assert not result.get("failed") and result["plans"][0]["quant"] == "Q4_K_M"
+
+
+@pytest.mark.parametrize("policy, words", [
+    ({"target_paralel": 2}, ["unknown policy key", "target_paralel"]),
+    ({"cache_types": ["q5_1"]}, ["cache_types", "q5_1"]),
+    ({"min_parallel": 3, "target_parallel": 2}, ["target_parallel (2)", "min_parallel (3)"]),
+    ({"min_ctx": 16384, "target_ctx": 8192}, ["target_ctx (8192"]),
+])
+def test_bad_policy_is_named(gpus, dense_meta, policy, words):
+    result = run_module("llama_plan", {"gpus": gpus("v100-sxm2-32gb"), "candidates": declared(dense_meta),
+                                       "policy": policy})
+    assert result["failed"]
+    for word in words:
+        assert word in result["msg"]
+
+
+def test_bad_candidates_are_named(gpus, tmp_path):
+    g = gpus("v100-sxm2-32gb")
+    r = run_module("llama_plan", {"gpus": g, "candidates": [{"path": str(tmp_path / "nope.gguf")}]})
+    assert r["failed"] and "nope.gguf does not exist" in r["msg"]
+    r = run_module("llama_plan", {"gpus": g, "candidates": [{"quant": "Q4_K_M"}]})
+    assert r["failed"] and "candidates[0] (Q4_K_M) has neither path nor metadata" in r["msg"]
+    r = run_module("llama_plan", {"gpus": [], "candidates": [{"quant": "Q4_K_M"}]})
+    assert r["failed"]
+
+
+# --- policy knobs ------------------------------------------------------------------
+
+def test_targets_and_cache_preference(gpus, dense_meta):
+    g = gpus("v100-sxm2-32gb")
+    # f16 cannot hold 4 x 16384 next to Q4_K_M; q8_0 can: the context needs q8_0
+    p, = plan(g, declared(dense_meta), {"target_ctx": 65536})["plans"]
+    check_plan(p, dense_meta, {"target_ctx": 65536})
+    assert p["quant"] == "Q4_K_M" and p["parallel"] == 4
+    assert p["cache_type_k"] == "q8_0" and p["ctx_size"] == 65536
+    # f16 only: as much as f16 allows, short of the target
+    p, = plan(g, declared(dense_meta), {"target_ctx": 65536, "cache_types": ["f16"]})["plans"]
+    assert p["cache_type_k"] == "f16" and 32768 < p["ctx_size"] < 65536
+    assert "short of the 65536-token target" in p["reason"]
+    # one slot: -c is all one slot's, capped at the trained context (32768)
+    p, = plan(g, declared(dense_meta), {"target_ctx": 131072, "target_parallel": 1})["plans"]
+    assert (p["parallel"], p["ctx_size"]) == (1, 32768)
+    assert "trained context" in p["reason"]
+
+
+def test_floor_nobody_meets_picks_the_fastest(gpus, dense_meta):
+    result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_decode_tps": 500})
+    p, = result["plans"]
+    assert p["quant"] == "Q3_K_S"
+    assert any("500 tok/s" in w for w in p["warnings"])
+
+
+def test_cards_without_flash_attention_plan_f16_only(dense_meta):
+    pascal = {"index": 0, "name": "Tesla P100-PCIE-16GB", "uuid": "GPU-p100", "memory_total_bytes": 16 * GIB,
+              "memory_bandwidth_bytes_per_s": 732 * 10 ** 9, "compute_capability": "6.0", "numa_node": 0,
+              "cpu_affinity": list(range(8))}
+    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    with pytest.raises(lp.PlanError) as err:
+        lp.plan_host([pascal], models, {})
+    assert "No candidate fits" in str(err.value)
+    result = lp.plan_host([pascal], models, {"min_ctx": 1024, "target_ctx": 4096, "min_decode_tps": 10})
+    p, = result["plans"]
+    assert p["flash_attn"] is False and p["cache_type_k"] == "f16"
+    assert any("without flash attention" in w for w in result["warnings"])
+
+
+# --- the arithmetic helpers, against hand figures ---------------------------------------
+
+@pytest.fixture(scope="module")
+def dense(dense_meta):
+    return lp.model_from_metadata("Q4_K_M", dense_meta)
+
+
+def test_kv_cache_bytes(dense):
+    # FACTS: f16, 32768 tokens of the 32B shape = 8192 MiB
+    assert lp.cache_bytes(dense, 32768, 4, "f16", 512) == {"full": 8192 * MIB, "swa": 0, "recurrent": 0,
+                                                          "total": 8192 * MIB}
+    assert lp.cache_bytes(dense, 16384, 1, "q8_0", 512)["total"] == 16384 * 139264
+    assert lp.kv_bytes_per_token(dense, "q4_0") == (73728, 0)
+
+
+def test_compute_buffer_is_calibrated_on_the_32b_shape(dense):
+    # 512 x 4 bytes x (152064 vocab + 5120 embedding) = 307 MiB, the H200 measurement
+    assert lp.compute_bytes(dense, 512, 4096) == 512 * 4 * (152064 + 5120) == 307 * MIB
+    assert lp.compute_bytes(dense, 256, 4096) == 256 * 4 * (152064 + 5120)
+    # without flash attention the scores of a long slot dominate: 2 x 512 x 32768 x 40 heads x 4 + mask
+    assert lp.compute_bytes(dense, 512, 32768, flash_attn=False) == 2 * 512 * 32768 * 40 * 4 + 512 * 32768 * 4
+    # FFN-heavy shape with a small vocabulary: 512 x 4 x (3 x 28672 + 2 x 8192) + mask
+    llama70 = dict(dense, n_vocab=32000, n_embd=8192, n_ff=28672)
+    assert lp.compute_bytes(llama70, 512, 4096) == 512 * 4 * (3 * 28672 + 2 * 8192) + 512 * 4096 * 4
+
+
+def test_weights_on_gpu_leave_the_embeddings_in_host_memory(dense, dense_meta):
+    # FACTS: the GPU holds 17160 of 17578 MiB; here the same 417 MiB table stays behind
+    assert dense["gpu_weight_bytes"] == dense_meta["weight_bytes"] - 152064 * 5120 // 256 * 144
+    # declared at another quantization: the table is estimated at that quant's bits
+    q8 = lp.model_from_metadata("Q8_0", dense_meta, size_bytes=34 * 10 ** 9)
+    assert q8["token_embd_bytes"] == int(152064 * 5120 * 8.5 / 8)
+    assert q8["gpu_weight_bytes"] == 34 * 10 ** 9 - int(152064 * 5120 * 8.5 / 8)
+
+
+def test_decode_ceiling():
+    # FACTS: 4181 GB/s over an 18.43 GB model: ~227 tok/s
+    assert round(lp.decode_ceiling(4181e9, 18.43e9)) == 227
+    assert lp.decode_ceiling(100.0, 50, 10, host_bandwidth=10) == 1 / (0.5 + 1.0)
+
+
+def test_quant_choice_follows_the_ceiling(dense_meta):
+    """The rule behind 32 GB -> Q4_K_M: 898 GB/s over weights on the GPU plus half of a
+    4096-token slot of f16 KV; Q5_K_M falls under 40 tok/s, Q4_K_M does not."""
+    def ceiling(q):
+        size = dense_meta["parameter_count"] * FACTS_BPW[q] / 8
+        on_gpu = size - 152064 * 5120 * FACTS_BPW[q] / 8
+        return V100_BW / (on_gpu + 2048 * 262144)
+    assert ceiling("Q5_K_M") < 40 < ceiling("Q4_K_M")
+    m = lp.model_from_metadata("Q5_K_M", dense_meta, int(dense_meta["parameter_count"] * 5.70 / 8))
+    gpu = {"memory_bandwidth_bytes_per_s": V100_BW}
+    got = lp.ceiling_for(m, gpu, lp.normalize_policy({}), 4096, "f16")
+    assert abs(got - ceiling("Q5_K_M")) < 0.01
+
+
+def test_the_context_is_as_large_as_fits(gpus, dense_meta):
+    g = gpus("v100-sxm2-16gb")[0]
+    policy = lp.normalize_policy({})
+    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    p = lp.plan_host([g], models, {})["plans"][0]
+    model = models[0]
+    assert model["quant"] == p["quant"] == "Q3_K_S"
+    ct, par, seq = p["cache_type_k"], p["parallel"], p["ctx_per_slot"]
+    assert lp.fits(lp.budget(model, g, policy, seq * par, par, ct))
+    assert not lp.fits(lp.budget(model, g, policy, (seq + 256) * par, par, ct))       # one step more
+    assert not lp.fits(lp.budget(model, g, policy, 4096, 1, "f16"))                   # why not f16
+    assert not lp.fits(lp.budget(model, g, policy, 2 * 4096, 2, "q8_0"))              # why not 2 slots
+
+
+def test_budget_by_hand(gpus, dense_meta):
+    """Every term of the 32 GB plan, from the constants in docs/planning.md."""
+    p, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
+    m = p["memory"]
+    size = int(dense_meta["parameter_count"] * 4.89 / 8)
+    # the declared size, less the token embeddings of the Q4_K_M file the metadata came from
+    assert m["weights_bytes"] == size - 152064 * 5120 // 256 * 144
+    assert m["kv_bytes"] == 32768 * 262144
+    assert m["compute_bytes"] == 307 * MIB
+    assert m["overhead_bytes"] == 576 * MIB + 309 * MIB  # CUDA context + the driver's reservation
+    assert m["headroom_bytes"] == 512 * MIB
+    assert m["gpu_total_bytes"] == 32 * GIB
+
+
+def test_driver_reservation():
+    assert lp.driver_reserved_bytes(16 * GIB) == 309 * MIB               # NVML reports the whole card
+    assert lp.driver_reserved_bytes(16160 * MIB) == (309 - 224) * MIB    # v1 total already lacks 224 MiB
+    assert lp.driver_reserved_bytes(143771 * MIB) == 0                   # H200: 613 MiB already missing
+
+
+def test_physical_cores():
+    assert lp.physical_cores(list(range(20)) + list(range(40, 60))) == 20
+    assert lp.physical_cores(list(range(20, 40)) + list(range(60, 80))) == 20
+    assert lp.physical_cores([0, 1, 2, 3]) == 4
+    assert lp.physical_cores([0, 2, 4]) == 3
+    assert lp.physical_cores([]) == 0
+
+
+def test_gpus_sharing_cpus_split_the_threads(dense_meta):
+    base = {"memory_total_bytes": 32 * GIB, "memory_bandwidth_bytes_per_s": V100_BW, "compute_capability": "7.0",
+            "numa_node": 0, "cpu_affinity": list(range(16)) + list(range(32, 48)), "name": "Tesla V100-SXM2-32GB"}
+    gpus = [dict(base, index=0, uuid="GPU-a"), dict(base, index=1, uuid="GPU-b")]
+    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    result = lp.plan_host(gpus, models, {})
+    assert [p["threads"] for p in result["plans"]] == [8, 8]
+    assert lp.plan_host(gpus, models, {"threads": 6})["plans"][0]["threads"] == 6
+
+
+def test_swa_cells():
+    model = {"window": 1024}
+    assert lp.swa_cells_per_slot(model, 8192, 512) == 1536
+    assert lp.swa_cells_per_slot(model, 1000, 512) == 1024   # min(1000, 1536) padded to 256
+    assert lp.swa_cells_per_slot({"window": 0}, 8192, 512) == 0
+
+
+def test_quant_labels():
+    assert lp.quant_bpw("q4_k_m") == 4.89
+    assert lp.quant_bpw("Q3_K_S") == 3.64 and lp.quant_bpw("Q2_K") == 3.16 and lp.quant_bpw("IQ3_XXS") == 3.25
+    assert lp.quant_bpw("Q4_K_S") == 4.67 and lp.quant_bpw("Q6_K") == 6.56 and lp.quant_bpw("Q8_0") == 8.5
+    assert lp.quant_bpw("F16") == 16.0
+    assert 3.64 < lp.quant_bpw("Q3_K_M") < 4.30
+    assert lp.quant_bpw("mystery") is None
+
+
+def test_metadata_with_only_the_structural_keys(gpus):
+    """A hand-written metadata dict (no tensor table) plans like the file's own."""
+    meta = {"architecture": "qwen2", "n_layer": 64, "n_embd": 5120, "n_head": 40, "n_head_kv": 8,
+            "head_dim": 128, "vocab_size": 152064, "context_length": 32768, "feed_forward_length": 27648,
+            "parameter_count": 32763876352}
+    cands = [{"quant": q, "size_bytes": int(32763876352 * FACTS_BPW[q] / 8), "metadata": meta} for q in FACTS_BPW]
+    assert plan(gpus("v100-sxm2-32gb"), cands)["plans"][0]["quant"] == "Q4_K_M"
+    assert plan(gpus("v100-sxm2-16gb"), cands)["plans"][0]["quant"] == "Q3_K_S"
+
+
+def test_h200_calibration(dense_meta):
+    """FACTS: a 17578 MiB Q4_K 32B model, -c 16384 -np 4, f16 KV, used 22079 MiB of an H200.
+    The prediction (total less headroom) must land within 2%."""
+    h200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-h200", "memory_total_bytes": 143771 * MIB,
+            "memory_bandwidth_bytes_per_s": 4.8e12, "compute_capability": "9.0", "numa_node": 0,
+            "cpu_affinity": list(range(16))}
+    meta = dict(copy.deepcopy(dense_meta), file_type="Q4_K", weight_bytes=17578 * MIB, token_embd_bytes=417 * MIB)
+    model = lp.model_from_metadata("Q4_K", meta)
+    result = lp.plan_host([h200], [model], {"target_ctx": 16384, "target_parallel": 4})
+    p, = result["plans"]
+    assert (p["ctx_size"], p["parallel"], p["cache_type_k"]) == (16384, 4, "f16")
+    m = p["memory"]
+    assert m["weights_bytes"] == 17161 * MIB
+    assert m["kv_bytes"] == 4096 * MIB and m["compute_bytes"] == 307 * MIB
+    assert abs(m["predicted_used_bytes"] / (22079 * MIB) - 1) < 0.02
