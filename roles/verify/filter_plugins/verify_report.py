@@ -1,0 +1,389 @@
+# -*- coding: utf-8 -*-
+"""Turn what the verify stage measured on a host into its record (the local fact
+llm_fleet_verify) and the fleet report (Markdown, JSON, a small SVG plot).
+
+Plain functions over plain dicts, so tests/unit/test_verify_report.py can call
+them without Ansible; the FilterModule at the end exposes them as filters.
+Runs on the controller."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+
+GIB = float(1 << 30)
+RECORD_VERSION = 1
+# The load-test levels the record keeps per instance (besides every level as measured).
+_LEVEL_KEYS = ("concurrency", "streams_ok", "tokens", "wall_s", "aggregate_tps", "aggregate_decode_tps",
+               "per_stream_tps_mean", "per_stream_tps_min", "server_predicted_tps_mean", "ttft_s_mean",
+               "ttft_s_max", "errors")
+
+
+def _num(value, digits=1):
+    return None if value is None else round(float(value), digits)
+
+
+def _level(report, concurrency):
+    for entry in (report or {}).get("levels", []):
+        if entry.get("concurrency") == concurrency:
+            return entry
+    return None
+
+
+def _find_plan(plans, instance):
+    for plan in plans or []:
+        if instance.get("gpu_uuid") and plan.get("gpu_uuid") == instance.get("gpu_uuid"):
+            return plan
+    for plan in plans or []:
+        if plan.get("gpu_index") == instance.get("gpu_index"):
+            return plan
+    return {}
+
+
+def _find_gpu(gpus, instance):
+    for gpu in gpus or []:
+        if instance.get("gpu_uuid") and gpu.get("uuid") == instance.get("gpu_uuid"):
+            return gpu
+    for gpu in gpus or []:
+        if gpu.get("index") == instance.get("gpu_index"):
+            return gpu
+    return {}
+
+
+def _parse_json(text):
+    """A command's stdout as JSON, or None (the last line that parses: tools may log first)."""
+    if isinstance(text, dict):
+        return text
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    for line in reversed(str(text).splitlines()):
+        line = line.strip()
+        if line.startswith("{") or line.startswith("["):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def llama_bench_figures(result):
+    """What the record keeps of llama-bench's -o json output: prompt and decode rates."""
+    if not result:
+        return None
+    if result.get("skipped_reason"):
+        return {"status": "skipped", "reason": result["skipped_reason"]}
+    rows = _parse_json(result.get("stdout"))
+    if result.get("rc", 0) != 0 or not isinstance(rows, list):
+        tail = (result.get("stderr") or result.get("stdout") or "").strip().splitlines()[-3:]
+        return {"status": "error", "reason": "llama-bench exited with %s: %s" % (result.get("rc"), " / ".join(tail))}
+    out = {"status": "ok", "tests": []}
+    for row in rows:
+        n_prompt, n_gen = int(row.get("n_prompt") or 0), int(row.get("n_gen") or 0)
+        name = "pp%d" % n_prompt if n_prompt and not n_gen else ("tg%d" % n_gen if n_gen and not n_prompt
+                                                                  else "pp%d+tg%d" % (n_prompt, n_gen))
+        test = {"test": name, "avg_ts": _num(row.get("avg_ts"), 2), "stddev_ts": _num(row.get("stddev_ts"), 2),
+                "n_prompt": n_prompt, "n_gen": n_gen, "type_k": row.get("type_k"), "type_v": row.get("type_v"),
+                "flash_attn": row.get("flash_attn"), "n_gpu_layers": row.get("n_gpu_layers")}
+        out["tests"].append(test)
+        if n_prompt and not n_gen:
+            out["prompt_tps"] = test["avg_ts"]
+        if n_gen and not n_prompt:
+            out["decode_tps"] = test["avg_ts"]
+        out.setdefault("build_commit", row.get("build_commit"))
+        out.setdefault("gpu_info", row.get("gpu_info"))
+    return out
+
+
+def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction):
+    """One instance's figures, ratios and verdict."""
+    problems = []
+    lt = _parse_json((loadtest or {}).get("stdout")) if loadtest and "stdout" in loadtest else loadtest
+    if not lt:
+        problems.append("load test gave no result (%s)" % ((loadtest or {}).get("stderr") or "no output").strip()[:300])
+        lt = {}
+    elif lt.get("error"):
+        problems.append("load test: %s" % lt["error"])
+    for entry in lt.get("levels", []):
+        if entry.get("errors"):
+            problems.append("%d stream(s): %d error(s), first: %s" % (entry["concurrency"], len(entry["errors"]),
+                                                                     entry["errors"][0][:200]))
+    for skipped in lt.get("skipped", []):
+        problems.append("%s stream(s) not measured: %s" % (skipped.get("concurrency"), skipped.get("reason")))
+    slots = int(instance.get("parallel") or lt.get("total_slots") or 1)
+    one, four, full = _level(lt, 1) or {}, _level(lt, 4) or {}, _level(lt, slots) or {}
+    single = one.get("per_stream_tps_mean")
+    memory = plan.get("memory") or {}
+    ceiling = plan.get("decode_ceiling_tps")
+    gpu_backend = str(backend or "").lower() not in ("cpu", "")
+    if not gpu_backend:
+        ceiling_note = "not applicable: llama.cpp backend is %s, the GPU ceiling says nothing about it" % (
+            backend or "unknown")
+        ratio = None
+    elif not ceiling:
+        ceiling_note = "no decode_ceiling_tps in the model stage's plan for this GPU"
+        ratio = None
+    elif single is None:
+        ceiling_note = "no single-stream figure measured"
+        ratio = None
+    else:
+        ratio = round(float(single) / float(ceiling), 3)
+        ceiling_note = "1 stream %.1f tok/s of a %.1f tok/s ceiling" % (single, ceiling)
+    errors = list(problems)
+    bench_figures = llama_bench_figures(bench)
+    if bench_figures and bench_figures["status"] == "error":
+        # reported, not fatal: the served speed above is what the stage verifies
+        problems.append("llama-bench: %s" % bench_figures["reason"])
+    flagged = ratio is not None and min_fraction is not None and ratio < float(min_fraction)
+    if flagged:
+        problems.append("below %.0f%% of the decode ceiling: %.1f of %.1f tok/s (%.0f%%)"
+                        % (float(min_fraction) * 100, single, ceiling, ratio * 100))
+    predicted = memory.get("predicted_used_bytes")
+    if predicted is None and memory.get("total_bytes") is not None:
+        predicted = memory["total_bytes"] - (memory.get("headroom_bytes") or 0)
+    used = gpu.get("memory_used_bytes")
+    vram = {
+        "measured_used_bytes": used,
+        "total_bytes": gpu.get("memory_total_bytes"),
+        "predicted_used_bytes": predicted,
+        "planned_total_bytes": memory.get("total_bytes"),
+        "measured_over_predicted": round(float(used) / predicted, 4) if gpu_backend and used and predicted else None,
+        "note": None if gpu_backend else "not applicable: a %s build keeps the model in host memory" % (backend or "?"),
+    }
+    return {
+        "gpu_index": instance.get("gpu_index"),
+        "gpu_uuid": instance.get("gpu_uuid"),
+        "gpu_name": gpu.get("name") or plan.get("gpu_name"),
+        "port": instance.get("port"),
+        "unit": instance.get("unit"),
+        "quant": instance.get("quant"),
+        "ctx_size": instance.get("ctx_size"),
+        "parallel": slots,
+        "cache_type_k": instance.get("cache_type_k"),
+        "cache_type_v": instance.get("cache_type_v"),
+        "n_predict": lt.get("n_predict"),
+        "single_stream_tps": _num(single, 2),
+        "ttft_s": _num(one.get("ttft_s_mean"), 3),
+        "aggregate_4_tps": _num(four.get("aggregate_tps"), 2),
+        "aggregate_slots_tps": _num(full.get("aggregate_tps"), 2),
+        "per_stream_at_slots_tps": _num(full.get("per_stream_tps_mean"), 2),
+        "ttft_at_slots_s": _num(full.get("ttft_s_mean"), 3),
+        "levels": [dict((k, e.get(k)) for k in _LEVEL_KEYS) for e in lt.get("levels", [])],
+        "decode_ceiling_tps": ceiling,
+        "ceiling_ratio": ratio,
+        "ceiling_note": ceiling_note,
+        "llama_bench": bench_figures,
+        "vram": vram,
+        "flagged": flagged,
+        "problems": problems,
+        "errors": errors,
+        "ok": not errors,
+    }
+
+
+def verify_host_record(host, instances, plans, gpus, loadtests, benches, llama_cpp, min_fraction, measured_at=None):
+    """The whole llm_fleet_verify fact of one host.
+
+    instances: the llama_server fact's `instances`; plans: the model fact's `plans`;
+    gpus: nvidia_gpu_facts' `nvidia_gpus` read after the load tests; loadtests and
+    benches: one registered command result (or parsed dict) per instance, in the
+    same order (a bench may be None or {'skipped_reason': ...}); llama_cpp: the
+    llama_cpp fact (backend, commit, build_key)."""
+    llama_cpp = llama_cpp or {}
+    backend = llama_cpp.get("backend")
+    loadtests, benches = list(loadtests or []), list(benches or [])
+    records = []
+    for n, inst in enumerate(instances or []):
+        records.append(instance_record(inst, _find_plan(plans, inst), _find_gpu(gpus, inst),
+                                       loadtests[n] if n < len(loadtests) else None,
+                                       benches[n] if n < len(benches) else None, backend, min_fraction))
+    errors = [p for r in records for p in r["errors"]]
+    flagged = [r for r in records if r["flagged"]]
+    parts = []
+    for r in records:
+        text = "GPU %s :%s %s %s tok/s 1-stream" % (r["gpu_index"], r["port"], r["quant"] or "",
+                                                      r["single_stream_tps"] if r["single_stream_tps"] is not None
+                                                      else "?")
+        if r["ceiling_ratio"] is not None:
+            text += " (%.0f%% of %.0f)" % (r["ceiling_ratio"] * 100, r["decode_ceiling_tps"])
+        if r["aggregate_slots_tps"] is not None:
+            text += ", %s tok/s x%d" % (r["aggregate_slots_tps"], r["parallel"])
+        parts.append(text)
+    status = "ERROR" if errors else ("FLAGGED" if flagged else "ok")
+    summary = "%s: %s%s" % (status, "; ".join(parts) or "no instance", "" if backend != "cpu" else
+                            " (cpu build: ceiling n/a)")
+    # What a rerun must reproduce for the stage to count as unchanged: the
+    # instances and their configuration, the build and the verdicts, not the
+    # figures, which move a little on every measurement.
+    verdict_key = json.dumps({
+        "build": llama_cpp.get("build_key"), "backend": backend,
+        "instances": [[r["gpu_uuid"], r["port"], r["quant"], r["ctx_size"], r["parallel"], r["cache_type_k"],
+                       r["ok"], r["flagged"]] for r in records],
+    }, sort_keys=True)
+    return {
+        "version": RECORD_VERSION,
+        "host": host,
+        "measured_at": measured_at,
+        "status": status,
+        "summary": summary,
+        "llama_cpp": {"commit": llama_cpp.get("commit"), "build_key": llama_cpp.get("build_key"), "backend": backend},
+        "min_ceiling_fraction": min_fraction,
+        "instances": records,
+        "flagged": bool(flagged),
+        "errors": errors,
+        "verdict_key": verdict_key,
+    }
+
+
+def verify_progress_line(record):
+    """One line per instance for the run's output."""
+    return ["%s %s" % (record.get("host"), line) for line in record.get("summary", "").split("; ")]
+
+
+def verify_fleet_report(records, generated_at=None, settings=None):
+    """The fleet report as one JSON-ready dict."""
+    records = [r for r in records or [] if r]
+    instances = [i for r in records for i in r.get("instances", [])]
+    ratios = [i["ceiling_ratio"] for i in instances if i.get("ceiling_ratio") is not None]
+    return {
+        "schema": "llm-fleet-verify-report/1",
+        "generated_at": generated_at,
+        "settings": settings or {},
+        "hosts": len(records),
+        "instances": len(instances),
+        "flagged_hosts": sorted(r["host"] for r in records if r.get("flagged")),
+        "error_hosts": sorted(r["host"] for r in records if r.get("errors")),
+        "single_stream_tps_total": round(sum(i["single_stream_tps"] or 0 for i in instances), 1),
+        "aggregate_slots_tps_total": round(sum(i["aggregate_slots_tps"] or 0 for i in instances), 1),
+        "ceiling_ratio_min": min(ratios) if ratios else None,
+        "ceiling_ratio_mean": round(sum(ratios) / len(ratios), 3) if ratios else None,
+        "records": records,
+    }
+
+
+def _cell(value, spec="%.1f"):
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return spec % value
+    return str(value)
+
+
+def verify_fleet_markdown(report, missing_hosts=None):
+    """The fleet report as Markdown."""
+    lines = ["# Fleet verification", ""]
+    lines.append("Generated %s: %d host(s), %d llama-server instance(s). Decode ceiling = the card's memory "
+                 "bandwidth / bytes read per token (the model stage's plan); a host is flagged below %s of it."
+                 % (report.get("generated_at") or "-", report["hosts"], report["instances"],
+                    _cell((report.get("settings") or {}).get("min_ceiling_fraction"), "%.2f")))
+    if report.get("flagged_hosts"):
+        lines += ["", "**Flagged (below the ceiling fraction):** %s" % ", ".join(report["flagged_hosts"])]
+    if report.get("error_hosts"):
+        lines += ["", "**Errors:** %s" % ", ".join(report["error_hosts"])]
+    skipped = (report.get("settings") or {}).get("skipped_hosts") or []
+    if skipped:
+        lines += ["", "**Nothing to verify (no llama-server instance recorded):** %s" % ", ".join(skipped)]
+    if missing_hosts:
+        lines += ["", "**No result (unreachable or failed before measuring):** %s" % ", ".join(missing_hosts)]
+    lines += ["", "| host | GPU | quant | -c / -np | KV | 1 stream tok/s | TTFT s | 4 streams tok/s | all slots tok/s "
+              "| ceiling tok/s | 1 stream / ceiling | VRAM used / predicted GiB | llama-bench pp / tg tok/s | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
+        for i in record.get("instances", []):
+            vram = i.get("vram") or {}
+            if vram.get("note"):
+                vram_text = "n/a (%s)" % (record["llama_cpp"].get("backend") or "?")
+            elif vram.get("measured_used_bytes") is not None and vram.get("predicted_used_bytes"):
+                vram_text = "%.2f / %.2f (%+.1f%%)" % (vram["measured_used_bytes"] / GIB,
+                                                       vram["predicted_used_bytes"] / GIB,
+                                                       (vram["measured_over_predicted"] - 1) * 100)
+            else:
+                vram_text = "-"
+            bench = i.get("llama_bench") or {}
+            if bench.get("status") == "ok":
+                bench_text = "%s / %s" % (_cell(bench.get("prompt_tps")), _cell(bench.get("decode_tps")))
+            else:
+                bench_text = bench.get("status", "-")
+            if i["ceiling_ratio"] is not None:
+                ratio_text = "%.0f%%" % (i["ceiling_ratio"] * 100)
+            else:
+                ratio_text = "n/a"
+            status = "FLAGGED" if i["flagged"] else ("ok" if i["ok"] else "error")
+            lines.append("| %s | %s %s | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                record["host"], i["gpu_index"], i.get("gpu_name") or "", i.get("quant") or "-", i.get("ctx_size"),
+                i.get("parallel"), i.get("cache_type_k"), _cell(i["single_stream_tps"]), _cell(i["ttft_s"], "%.3f"),
+                _cell(i["aggregate_4_tps"]), _cell(i["aggregate_slots_tps"]), _cell(i["decode_ceiling_tps"]),
+                ratio_text, vram_text, bench_text, status))
+    notes = []
+    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
+        for i in record.get("instances", []):
+            for problem in i.get("problems", []):
+                notes.append("- %s GPU %s: %s" % (record["host"], i["gpu_index"], problem))
+            if i["ceiling_ratio"] is None and i.get("ceiling_note"):
+                notes.append("- %s GPU %s: ceiling ratio %s" % (record["host"], i["gpu_index"], i["ceiling_note"]))
+    if notes:
+        lines += ["", "## Notes", ""] + notes
+    lines += ["", "Totals: %s tok/s single-stream, %s tok/s with every slot busy; ceiling ratio min %s, mean %s." % (
+        _cell(report.get("single_stream_tps_total")), _cell(report.get("aggregate_slots_tps_total")),
+        _cell(report.get("ceiling_ratio_min"), "%.2f"), _cell(report.get("ceiling_ratio_mean"), "%.2f"))]
+    return "\n".join(lines) + "\n"
+
+
+def _esc(text):
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def verify_fleet_svg(report, width=720):
+    """A small horizontal bar chart: per instance, 1-stream and all-slots tok/s against the ceiling."""
+    rows = []
+    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
+        for i in record.get("instances", []):
+            rows.append(("%s GPU %s" % (record["host"], i["gpu_index"]), i.get("single_stream_tps") or 0,
+                         i.get("aggregate_slots_tps") or 0, i.get("decode_ceiling_tps") if i.get("ceiling_ratio")
+                         is not None else None, i.get("flagged")))
+    label_w, bar_h, gap, top = 200, 10, 8, 30
+    height = top + len(rows) * (2 * bar_h + gap) + 30
+    scale_max = max([max(r[1], r[2], r[3] or 0) for r in rows] + [1.0])
+    plot_w = width - label_w - 20
+
+    def x(value):
+        return label_w + plot_w * float(value) / scale_max
+
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
+           % (width, height),
+           '<text x="10" y="18" font-size="13">tok/s per instance: 1 stream (dark), all slots (light), '
+           'decode ceiling (red line)</text>']
+    y = top
+    for label, single, full, ceiling, flagged in rows:
+        out.append('<text x="10" y="%d"%s>%s</text>' % (y + bar_h + 3, ' fill="#c00"' if flagged else "",
+                                                       _esc(label)))
+        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#2b5d8a"/>' % (label_w, y, x(single) - label_w,
+                                                                                       bar_h))
+        out.append('<text x="%.1f" y="%d">%.1f</text>' % (x(single) + 3, y + bar_h - 1, single))
+        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#8fb8de"/>' % (label_w, y + bar_h,
+                                                                                       x(full) - label_w, bar_h))
+        out.append('<text x="%.1f" y="%d">%.1f</text>' % (x(full) + 3, y + 2 * bar_h - 1, full))
+        if ceiling:
+            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c00" stroke-width="2"/>'
+                       % (x(ceiling), y - 2, x(ceiling), y + 2 * bar_h + 2))
+        y += 2 * bar_h + gap
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444"/>' % (label_w, top - 4, label_w, y))
+    out.append('<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%.0f tok/s</text>'
+               % (label_w, y + 14, width - 20, y + 14, scale_max))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "verify_host_record": verify_host_record,
+            "verify_progress_line": verify_progress_line,
+            "verify_fleet_report": verify_fleet_report,
+            "verify_fleet_markdown": verify_fleet_markdown,
+            "verify_fleet_svg": verify_fleet_svg,
+            "verify_llama_bench_figures": llama_bench_figures,
+        }

@@ -1,0 +1,158 @@
+"""The verify stage's record and fleet report (roles/verify/filter_plugins/verify_report.py):
+built from a real load test and a real llama-bench run of a CPU llama.cpp build (see
+test_loadtest.py for where the build comes from), and from synthetic GPU figures for
+the ratios, flags and errors a CPU build cannot show."""
+import importlib.util
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from test_loadtest import Server, free_port, llama_bin_dir, lt, served, tiny_model  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+
+
+def load_filters():
+    path = ROOT / "roles" / "verify" / "filter_plugins" / "verify_report.py"
+    spec = importlib.util.spec_from_file_location("verify_report", str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+vr = load_filters()
+
+UUID = "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4"
+INSTANCE = {"gpu_index": 0, "gpu_uuid": UUID, "port": 8080, "unit": "llama-server@0.service",
+            "model_path": "/srv/models/qwen-q4_k_m.gguf", "quant": "Q4_K_M", "ctx_size": 32768, "parallel": 4,
+            "cache_type_k": "f16", "cache_type_v": "f16"}
+PLAN = {"gpu_index": 0, "gpu_uuid": UUID, "gpu_name": "Tesla V100-SXM2-32GB", "decode_ceiling_tps": 43.5,
+        "memory": {"total_bytes": int(27.91 * GIB), "headroom_bytes": GIB // 2,
+                   "predicted_used_bytes": int(27.41 * GIB)}}
+GPU = {"index": 0, "uuid": UUID, "name": "Tesla V100-SXM2-32GB", "memory_total_bytes": 32 * GIB,
+       "memory_used_bytes": int(27.0 * GIB), "memory_free_bytes": 5 * GIB}
+CUDA_BUILD = {"backend": "cuda", "commit": "0c1e57098bba", "build_key": "0c1e57098-cuda-abc", "bin_dir": "/x"}
+
+
+def synthetic_loadtest(single=20.0, agg4=60.0, errors=None):
+    def level(c, per, agg):
+        return {"concurrency": c, "streams_ok": c, "errors": list(errors or []) if c == 4 else [], "wall_s": 7.0,
+                "tokens": 128 * c, "aggregate_tps": agg, "aggregate_decode_tps": per * c, "per_stream_tps_mean": per,
+                "per_stream_tps_min": per, "server_predicted_tps_mean": per, "ttft_s_mean": 0.2, "ttft_s_max": 0.3,
+                "streams": []}
+    return {"version": 1, "ok": not errors, "total_slots": 4, "n_predict": 128,
+            "levels": [level(1, single, single * 0.9), level(4, agg4 / 4, agg4)], "skipped": []}
+
+
+def record(loadtest, min_fraction=0.25, llama_cpp=CUDA_BUILD, bench=None, host="gpu01"):
+    return vr.verify_host_record(host, [INSTANCE], [PLAN], [GPU], [{"rc": 0, "stdout": json.dumps(loadtest)}],
+                                 [bench], llama_cpp, min_fraction, "2026-11-30T12:00:00Z")
+
+
+# --- synthetic GPU figures --------------------------------------------------------------
+
+def test_ratio_vram_and_summary_on_a_gpu_build():
+    rec = record(synthetic_loadtest(single=20.0, agg4=60.0))
+    inst = rec["instances"][0]
+    assert inst["ceiling_ratio"] == pytest.approx(20.0 / 43.5, abs=1e-3)
+    assert inst["single_stream_tps"] == 20.0 and inst["aggregate_4_tps"] == 60.0 and inst["aggregate_slots_tps"] == 60.0
+    assert inst["vram"]["measured_over_predicted"] == pytest.approx(27.0 / 27.41, abs=1e-3)
+    assert not inst["flagged"] and inst["ok"] and rec["status"] == "ok"
+    assert rec["summary"].startswith("ok: GPU 0 :8080 Q4_K_M 20.0 tok/s 1-stream (46% of 44)")
+    json.dumps(rec)  # the fact is JSON
+
+
+def test_below_the_fraction_is_flagged_not_an_error():
+    rec = record(synthetic_loadtest(single=20.0), min_fraction=0.5)
+    inst = rec["instances"][0]
+    assert inst["flagged"] and rec["flagged"] and rec["status"] == "FLAGGED"
+    assert rec["errors"] == [] and inst["ok"]
+    assert any(p.startswith("below 50% of the decode ceiling: 20.0 of 43.5 tok/s") for p in inst["problems"])
+
+
+def test_stream_errors_and_failed_runs_are_errors():
+    rec = record(synthetic_loadtest(errors=["HTTP 503: loading"]))
+    assert rec["status"] == "ERROR" and rec["errors"][0].startswith("4 stream(s): 1 error(s), first: HTTP 503")
+    failed = vr.verify_host_record("gpu02", [INSTANCE], [PLAN], [GPU],
+                                   [{"rc": 2, "stdout": json.dumps({"ok": False, "error": "not healthy after 60 s"}),
+                                     "stderr": ""}], [None], CUDA_BUILD, 0.25)
+    assert failed["errors"] == ["load test: not healthy after 60 s"]
+    silent = vr.verify_host_record("gpu03", [INSTANCE], [PLAN], [GPU], [{"rc": 1, "stdout": "", "stderr": "boom"}],
+                                   [None], CUDA_BUILD, 0.25)
+    assert silent["errors"] and "boom" in silent["errors"][0]
+
+
+def test_the_verdict_key_ignores_figures_but_not_verdicts():
+    a = record(synthetic_loadtest(single=20.0))
+    b = record(synthetic_loadtest(single=21.3, agg4=66.0))
+    assert a["verdict_key"] == b["verdict_key"]
+    assert record(synthetic_loadtest(single=5.0))["verdict_key"] != a["verdict_key"]  # newly flagged
+    other_build = dict(CUDA_BUILD, build_key="0c1e57098-cuda-def")
+    assert record(synthetic_loadtest(), llama_cpp=other_build)["verdict_key"] != a["verdict_key"]
+
+
+def test_llama_bench_skips_and_failures_are_reported_not_fatal():
+    rec = record(synthetic_loadtest(), bench={"skipped_reason": "needs 18.1 GiB beside the server, 5.0 GiB free"})
+    assert rec["instances"][0]["llama_bench"] == {"status": "skipped",
+                                                  "reason": "needs 18.1 GiB beside the server, 5.0 GiB free"}
+    broken = record(synthetic_loadtest(), bench={"rc": 1, "stdout": "", "stderr": "CUDA error: out of memory"})
+    assert broken["status"] == "ok" and broken["errors"] == []
+    assert "llama-bench: llama-bench exited with 1: CUDA error: out of memory" in broken["instances"][0]["problems"]
+
+
+def test_plan_memory_without_predicted_used_falls_back_to_total_less_headroom():
+    plan = dict(PLAN, memory={"total_bytes": 20 * GIB, "headroom_bytes": GIB})
+    rec = vr.verify_host_record("h", [INSTANCE], [plan], [GPU], [synthetic_loadtest()], [None], CUDA_BUILD, 0.25)
+    assert rec["instances"][0]["vram"]["predicted_used_bytes"] == 19 * GIB
+
+
+def test_fleet_report_lists_flagged_errors_and_missing_hosts():
+    good = record(synthetic_loadtest(single=30.0), host="gpu01")
+    slow = record(synthetic_loadtest(single=5.0), host="gpu02")
+    report = vr.verify_fleet_report([good, slow], "2026-11-30T12:00:00Z", {"min_ceiling_fraction": 0.25})
+    assert report["hosts"] == 2 and report["instances"] == 2 and report["flagged_hosts"] == ["gpu02"]
+    assert report["single_stream_tps_total"] == 35.0
+    assert report["ceiling_ratio_min"] == pytest.approx(5.0 / 43.5, abs=1e-3)
+    md = vr.verify_fleet_markdown(report, ["gpu03"])
+    assert "**Flagged (below the ceiling fraction):** gpu02" in md
+    assert "**No result (unreachable or failed before measuring):** gpu03" in md
+    assert "| gpu01 | 0 Tesla V100-SXM2-32GB | Q4_K_M | 32768 / 4 | f16 | 30.0 |" in md
+    assert "| 69% |" in md and "FLAGGED |" in md
+    svg = ET.fromstring(vr.verify_fleet_svg(report))
+    assert svg.tag.endswith("svg") and len([e for e in svg.iter() if e.tag.endswith("rect")]) == 4
+    json.dumps(report)
+
+
+# --- a real CPU llama-server ------------------------------------------------------------
+
+def test_record_from_a_real_server_on_a_cpu_build(served):
+    loadtest = lt.run(served.url, "1,4,slots", n_predict=16, budget_s=120)
+    instance = dict(INSTANCE, port=served.port, parallel=4, ctx_size=8192, quant="F32")
+    rec = vr.verify_host_record("testhost", [instance], [PLAN], [GPU], [{"rc": 0, "stdout": json.dumps(loadtest)}],
+                                [None], {"backend": "cpu", "commit": "0c1e57098bba", "build_key": "k"}, 0.25)
+    inst = rec["instances"][0]
+    assert rec["status"] == "ok", rec["errors"]
+    # measured figures are still reported ...
+    assert inst["single_stream_tps"] > 0 and inst["aggregate_4_tps"] > 0 and inst["ttft_s"] > 0
+    assert [l["concurrency"] for l in inst["levels"]] == [1, 4]
+    # ... but the GPU ceiling and VRAM comparison do not apply to a CPU build
+    assert inst["ceiling_ratio"] is None and inst["ceiling_note"].startswith("not applicable: llama.cpp backend is cpu")
+    assert inst["vram"]["measured_over_predicted"] is None and inst["vram"]["measured_used_bytes"] == GPU["memory_used_bytes"]
+    assert not inst["flagged"]
+    assert rec["summary"].endswith("(cpu build: ceiling n/a)")
+    md = vr.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
+    assert "| n/a | n/a (cpu) |" in md and "ceiling ratio not applicable" in md
+
+
+def test_llama_bench_output_of_a_real_build(llama_bin_dir, tiny_model):
+    out = subprocess.run([str(Path(llama_bin_dir) / "llama-bench"), "-m", str(tiny_model), "-p", "16", "-n", "4",
+                          "-r", "1", "-t", "2", "-o", "json"], capture_output=True, text=True, timeout=300)
+    figures = vr.llama_bench_figures({"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr})
+    assert figures["status"] == "ok", figures
+    assert [t["test"] for t in figures["tests"]] == ["pp16", "tg4"]
+    assert figures["prompt_tps"] > 0 and figures["decode_tps"] > 0
+    assert figures["build_commit"]
