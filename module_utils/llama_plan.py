@@ -422,6 +422,10 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
     compute = compute_bytes(model, ubatch, ctx_size // parallel, fa)
     reserved = policy["reserved_bytes"]
     if reserved is None:
+        # NVML's own figure when the driver gives it (measured: 615 MiB on an H200,
+        # which the whole-GiB rule below missed); the rule only for older drivers.
+        reserved = gpu.get("memory_reserved_bytes")
+    if reserved is None:
         reserved = driver_reserved_bytes(total_card)
     overhead = policy["overhead_bytes"] + reserved
     headroom = policy["headroom_bytes"]

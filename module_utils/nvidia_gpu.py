@@ -82,6 +82,9 @@ def read_gpu(nvml, index, cpu_words=4):
     """One GPU as a plain dict of JSON-friendly values."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    # The v2 call reports the driver's reservation apart (R510+); older drivers lack it.
+    memory_v2 = _optional(nvml, nvml.nvmlDeviceGetMemoryInfo, handle, getattr(nvml, "nvmlMemory_v2", 0)) \
+        if getattr(nvml, "nvmlMemory_v2", None) else None
     major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
     bus_width = nvml.nvmlDeviceGetMemoryBusWidth(handle)
     max_mem_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, NVML_CLOCK_MEM)
@@ -102,6 +105,7 @@ def read_gpu(nvml, index, cpu_words=4):
         "memory_total_bytes": int(memory.total),
         "memory_free_bytes": int(memory.free),
         "memory_used_bytes": int(memory.used),
+        "memory_reserved_bytes": int(memory_v2.reserved) if memory_v2 is not None else None,
         "compute_capability": "%d.%d" % (major, minor),
         "cuda_arch": "%d%d" % (major, minor),
         "memory_bus_width_bits": int(bus_width),
