@@ -1,0 +1,370 @@
+"""Filters of the llm_model role.
+
+The inventory describes the model once, as a catalogue of quantizations; these
+filters turn it into what the modules take and what the stage records:
+
+- `llm_model_entries` checks the catalogue and resolves every file's URL and
+  destination (Hugging Face `hf_repo`/`hf_file`, plain URLs, `file://` mirrors,
+  pre-staged paths; split GGUF shards);
+- `llm_model_candidates` builds `llama_plan`'s candidates (before the download
+  from the declared metadata and sizes; after it, the chosen files on disk);
+- `llm_model_fetch_files` lists the files the plans picked, for `model_fetch`;
+- `llm_model_gpus` keeps the GPU facts a plan depends on (never what is in use,
+  so a rerun while llama-server runs plans the same);
+- `llm_model_plan_lines`, `llm_model_fit_argv`, `llm_model_fit_estimate` and
+  `llm_model_record` show the plans, run llama-fit-params and write the record.
+
+Kept free of Ansible imports (but for the error class) so the unit tests load it
+directly.
+"""
+import os
+import re
+from urllib.parse import quote, unquote, urlsplit
+from urllib.request import url2pathname
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # the unit tests load this file without Ansible's plugin loader
+    class AnsibleFilterError(ValueError):
+        pass
+
+GIB = 1 << 30
+MIB = 1 << 20
+HF_BASE = "https://huggingface.co"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_FILE_KEYS = ("url", "hf_repo", "hf_file", "hf_revision", "path", "name", "sha256", "size_bytes")
+_ENTRY_KEYS = ("quant", "metadata", "files") + _FILE_KEYS
+# The GPU facts a plan depends on (see llama_plan's documentation).
+_GPU_KEYS = ("index", "name", "uuid", "memory_total_bytes", "memory_bandwidth_bytes_per_s", "compute_capability",
+             "numa_node", "cpu_affinity")
+# llama-fit-params -fitp on prints "<device> <model> <context> <compute>" in MiB, one line per device, then Host.
+_FIT_LINE = re.compile(r"^(\S+) (\d+) (\d+) (\d+)\s*$")
+
+
+def _fail(msg):
+    raise AnsibleFilterError(msg)
+
+
+def _size(value, where):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) <= 0:
+        _fail("%s.size_bytes must be the file size in bytes (a positive whole number), got %r" % (where, value))
+    return int(value)
+
+
+def _sha256(value, where):
+    text = str(value or "").strip().lower()
+    if text.startswith("sha256:"):
+        text = text[len("sha256:"):]
+    if not _SHA256.match(text):
+        _fail("%s.sha256 must be the file's sha256 (64 hexadecimal digits), got %r. Hugging Face shows it on the "
+              "file's page (\"SHA256\"); or run sha256sum on a trusted copy." % (where, value))
+    return text
+
+
+def _file(item, where, model_dir):
+    """One file of a catalogue entry: {name, url, path, sha256, size_bytes, dest}."""
+    if not isinstance(item, dict):
+        _fail("%s must be a dict with url (or hf_repo and hf_file, or path) and sha256, got %r" % (where, item))
+    unknown = sorted(set(item) - set(_FILE_KEYS))
+    if unknown:
+        _fail("%s has unknown key(s) %s; a file takes %s" % (where, ", ".join(unknown), ", ".join(_FILE_KEYS)))
+    if item.get("hf_repo") and not item.get("hf_file") or item.get("hf_file") and not item.get("hf_repo"):
+        _fail("%s: hf_repo and hf_file go together (https://huggingface.co/<hf_repo>/resolve/<hf_revision>/<hf_file>)"
+              % where)
+    sources = [k for k in ("url", "hf_file", "path") if item.get(k)]
+    if len(sources) != 1:
+        _fail("%s needs exactly one source: url, hf_repo + hf_file, or path (a pre-staged file, only verified); "
+              "got %s" % (where, ", ".join(sources) or "none"))
+    url = path = None
+    if item.get("hf_file"):
+        repo = str(item["hf_repo"]).strip("/")
+        if repo.count("/") != 1:
+            _fail("%s.hf_repo must be OWNER/NAME (e.g. Qwen/Qwen2.5-32B-Instruct-GGUF), got %r" % (where, item["hf_repo"]))
+        revision = str(item.get("hf_revision") or "main")
+        url = "%s/%s/resolve/%s/%s" % (HF_BASE, repo, quote(revision, safe=""), quote(str(item["hf_file"]).lstrip("/")))
+        default_name = os.path.basename(str(item["hf_file"]))
+    elif item.get("url"):
+        url = str(item["url"])
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https", "file"):
+            _fail("%s.url must be http://, https:// or file:// (a mirror mounted on the hosts), got %r" % (where, url))
+        default_name = os.path.basename(unquote(parts.path))
+    else:
+        path = str(item["path"])
+        if not os.path.isabs(path):
+            _fail("%s.path must be an absolute path on the hosts, got %r" % (where, path))
+        default_name = os.path.basename(path)
+    name = str(item.get("name") or default_name)
+    if not name or "/" in name or name.startswith("."):
+        _fail("%s: cannot name the file from %r; set name (no '/', not starting with '.')" % (where, url or path))
+    return {
+        "name": name,
+        "url": url,
+        "path": path,
+        "sha256": _sha256(item.get("sha256"), where),
+        "size_bytes": _size(item.get("size_bytes"), where),
+        "dest": path or os.path.join(model_dir, name),
+        # Where the hosts can read the file before it is fetched: a pre-staged
+        # path, or a mirror mounted on them (file://).
+        "source_path": path or (url2pathname(urlsplit(url).path) if url.startswith("file:") else None),
+    }
+
+
+def _check_shards(files, where):
+    names = [f["name"] for f in files]
+    matches = [_SHARD.search(n) for n in names]
+    if len(files) == 1:
+        if matches[0] and matches[0].group(2) != "00001":
+            _fail("%s: %s is one shard of a %d-file model: list every shard under files, in order"
+                  % (where, names[0], int(matches[0].group(2))))
+        return
+    expected = ["%05d" % (i + 1) for i in range(len(files))]
+    if not all(matches) or [m.group(1) for m in matches] != expected or \
+            any(int(m.group(2)) != len(files) for m in matches):
+        _fail("%s: a model in several files must list every shard, in order, with llama.cpp's split names "
+              "NAME-00001-of-%05d.gguf ... NAME-%05d-of-%05d.gguf; got %s"
+              % (where, len(files), len(files), len(files), ", ".join(names)))
+
+
+def llm_model_entries(catalogue, model_dir):
+    """Check the catalogue; return one entry per quantization:
+    {index, quant, size_bytes (what the plan budgets), metadata, files, model_path,
+    model_files, warnings}."""
+    if not isinstance(catalogue, list) or not catalogue:
+        _fail("llm_model_catalogue must list the model's quantization files (quant, url or hf_repo + hf_file, "
+              "sha256, size_bytes, metadata); it is %r" % (catalogue,))
+    model_dir = str(model_dir).rstrip("/") or "/"
+    entries, quants, dests = [], {}, {}
+    for index, raw in enumerate(catalogue):
+        where = "llm_model_catalogue[%d]" % index
+        if not isinstance(raw, dict):
+            _fail("%s must be a dict (quant, url or hf_repo + hf_file, sha256, size_bytes, metadata), got %r"
+                  % (where, raw))
+        unknown = sorted(set(raw) - set(_ENTRY_KEYS))
+        if unknown:
+            _fail("%s has unknown key(s) %s; known: %s" % (where, ", ".join(unknown), ", ".join(_ENTRY_KEYS)))
+        quant = str(raw.get("quant") or "").strip()
+        if not quant:
+            _fail("%s has no quant: name its quantization (Q4_K_M, Q3_K_S, ...)" % where)
+        where = "%s (%s)" % (where, quant)
+        if quant.upper() in quants:
+            _fail("%s: quant %s is already llm_model_catalogue[%d]; each quantization once"
+                  % (where, quant, quants[quant.upper()]))
+        quants[quant.upper()] = index
+        if raw.get("files") is not None:
+            own = [k for k in _FILE_KEYS if k != "size_bytes" and raw.get(k)]
+            if own:
+                _fail("%s has files and also %s: put url/sha256/... in each item of files" % (where, ", ".join(own)))
+            if not isinstance(raw["files"], list) or not raw["files"]:
+                _fail("%s.files must list the model's files (every shard of a split model)" % where)
+            files = [_file(item, "%s.files[%d]" % (where, i), model_dir) for i, item in enumerate(raw["files"])]
+            size = _size(raw.get("size_bytes"), where)
+        else:
+            files = [_file(dict((k, v) for k, v in raw.items() if k in _FILE_KEYS), where, model_dir)]
+            size = files[0]["size_bytes"]
+        _check_shards(files, where)
+        for f in files:
+            if f["dest"] in dests and dests[f["dest"]] != f["sha256"]:
+                _fail("%s: %s is also another catalogue file with another sha256; give one of them another name"
+                      % (where, f["dest"]))
+            dests[f["dest"]] = f["sha256"]
+        metadata = raw.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            _fail("%s.metadata must be a dict (what gguf_info returns for any quantization of the model), got %r"
+                  % (where, type(metadata).__name__))
+        file_total = sum(f["size_bytes"] for f in files) if all(f["size_bytes"] for f in files) else None
+        warnings = []
+        if size is None:
+            size = file_total
+        elif file_total is not None and abs(size - file_total) > max(MIB, size // 100):
+            warnings.append("%s: size_bytes is %d but its files add up to %d bytes; the plan budgets %d"
+                            % (where, size, file_total, size))
+        entries.append({
+            "index": index,
+            "quant": quant,
+            "size_bytes": size,
+            "metadata": metadata or None,
+            "files": files,
+            "model_path": files[0]["dest"],
+            "model_files": [f["dest"] for f in files],
+            "source_path": files[0]["source_path"],
+            "warnings": warnings,
+        })
+    return entries
+
+
+def _chosen_indexes(plans):
+    seen = []
+    for plan in plans or []:
+        index = (plan.get("candidate") or {}).get("catalogue_index")
+        if index is None:
+            _fail("plan of GPU %s has no candidate.catalogue_index: plans must come from llama_plan with "
+                  "llm_model_candidates" % plan.get("gpu_index"))
+        if index not in seen:
+            seen.append(index)
+    return sorted(seen)
+
+
+def llm_model_candidates(entries, plans=None):
+    """llama_plan candidates. Without plans (before the download): every entry,
+    from its declared metadata and size when it has metadata (so the choice never
+    depends on what happens to be on disk), else from its file: read where it is
+    (a pre-staged path or a file:// mirror), or in the model directory, where it
+    must then be already. With the first plans (after the download): the chosen
+    entries, with their paths, so the files on disk are read when they are there."""
+    chosen = None if plans is None else _chosen_indexes(plans)
+    candidates = []
+    for entry in entries:
+        if chosen is not None and entry["index"] not in chosen:
+            continue
+        cand = {"quant": entry["quant"], "catalogue_index": entry["index"]}
+        if entry["metadata"]:
+            cand["metadata"] = entry["metadata"]
+            if entry["size_bytes"]:
+                cand["size_bytes"] = entry["size_bytes"]
+            if chosen is not None:
+                cand["path"] = entry["model_path"]
+        elif chosen is None:
+            cand["path"] = entry["source_path"] or entry["model_path"]
+        else:
+            cand["path"] = entry["model_path"]
+        candidates.append(cand)
+    return candidates
+
+
+def llm_model_fetch_files(entries, plans):
+    """model_fetch's files for the entries the plans chose, in catalogue order."""
+    chosen = _chosen_indexes(plans)
+    files = []
+    for entry in entries:
+        if entry["index"] in chosen:
+            for f in entry["files"]:
+                item = {"name": f["name"], "sha256": f["sha256"]}
+                if f["path"]:
+                    item["path"] = f["path"]
+                else:
+                    item["url"] = f["url"]
+                if f["size_bytes"]:
+                    item["size_bytes"] = f["size_bytes"]
+                files.append(item)
+    return files
+
+
+def llm_model_gpus(gpus):
+    """The GPU facts a plan depends on, without what changes while the server runs."""
+    return [dict((k, gpu.get(k)) for k in _GPU_KEYS if k in gpu) for gpu in gpus or []]
+
+
+def llm_model_plan_lines(result):
+    """llama_plan's result as lines to read: each GPU's plan, why, then the budget table."""
+    lines = []
+    for plan, summary in zip(result.get("plans") or [], (result.get("summary") or "").splitlines()):
+        lines.append(summary)
+        lines.append("  why: %s" % plan.get("reason", ""))
+        for warning in plan.get("warnings") or []:
+            lines.append("  warning: %s" % warning)
+    lines.append("budget:")
+    lines.extend("  %s" % line for line in result.get("table") or [])
+    return lines
+
+
+def llm_model_fit_argv(plan, tool):
+    """llama-fit-params' arguments for a plan: the plan's settings, and -fitp on to
+    print llama.cpp's own estimate (model, context, compute MiB per device). It has
+    no -np: it is a server-only flag, and -c is the total the slots share anyway."""
+    return [tool, "-m", plan["model_path"], "-c", str(plan["ctx_size"]), "-ngl", str(plan["n_gpu_layers"]),
+            "-ctk", plan["cache_type_k"], "-ctv", plan["cache_type_v"], "-fa", "on" if plan["flash_attn"] else "off",
+            "-b", str(plan["batch_size"]), "-ub", str(plan["ubatch_size"]), "-fitp", "on"]
+
+
+def llm_model_fit_estimate(result, plan, tool):
+    """llama-fit-params' estimate for one plan, beside the plan's own figures."""
+    if not result or result.get("skipped"):
+        return {"status": "not run", "reason": "%s is not installed (the llama_cpp stage builds it) or the model "
+                                               "is not on disk yet" % tool}
+    if result.get("rc") != 0:
+        err = [line for line in (result.get("stderr") or "").splitlines() if line.strip()]
+        return {"status": "failed", "rc": result.get("rc"), "error": err[-1] if err else ""}
+    devices = []
+    for line in (result.get("stdout") or "").splitlines():
+        match = _FIT_LINE.match(line.strip())
+        if match:
+            devices.append({"device": match.group(1), "model_mib": int(match.group(2)),
+                            "context_mib": int(match.group(3)), "compute_mib": int(match.group(4))})
+    gpu = [d for d in devices if d["device"] != "Host"]
+    host = [d for d in devices if d["device"] == "Host"]
+    if not gpu:
+        return {"status": "failed", "rc": 0, "error": "no device line in llama-fit-params' output"}
+    theirs = gpu[0]
+    theirs["total_mib"] = theirs["model_mib"] + theirs["context_mib"] + theirs["compute_mib"]
+    m = plan["memory"]
+    ours = {"weights_mib": m["weights_bytes"] // MIB, "kv_mib": m["kv_bytes"] // MIB,
+            "compute_mib": m["compute_bytes"] // MIB}
+    ours["total_mib"] = ours["weights_mib"] + ours["kv_mib"] + ours["compute_mib"]
+    record = {"status": "ok", "args": " ".join(llm_model_fit_argv(plan, tool)[1:]), "llama_cpp": theirs,
+              "ours": ours, "difference_mib": theirs["total_mib"] - ours["total_mib"]}
+    if host:
+        record["host_model_mib"] = host[0]["model_mib"]
+    return record
+
+
+def _summary(plan):
+    m = plan["memory"]
+    return "GPU%s %s ctx %d x%d slots %s KV%s, %.1f/%g GiB, ceiling %.0f tok/s" % (
+        plan["gpu_index"], plan["quant"], plan["ctx_size"], plan["parallel"], plan["cache_type_k"],
+        ", -ngl %d (partial offload)" % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
+        m["predicted_used_bytes"] / GIB, round(m["gpu_total_bytes"] / GIB, 1), plan["decode_ceiling_tps"])
+
+
+def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", model_name="", model_dir="",
+                     policy=None, choice=None):
+    """What the stage records (plan.json and the local fact): the plans, each with
+    its files, checksums, where its figures came from, why its quantization was
+    chosen (`choice`: llama_plan's result from the declared figures) and
+    llama-fit-params' estimate, and a one-line summary. Only what a rerun
+    reproduces: no times, no byte counts of this run, no memory in use."""
+    by_index = dict((e["index"], e) for e in entries)
+    chosen = dict((p.get("gpu_index"), p) for p in (choice or {}).get("plans") or [])
+    on_disk = set(f["path"] for f in (fetched or {}).get("files") or []
+                  if f.get("action") in ("present", "downloaded", "resumed"))
+    fits = {}
+    for result in (fit_results or {}).get("results") or []:
+        fits[(result.get("item") or {}).get("gpu_index")] = result
+    records = []
+    for plan in plans:
+        entry = by_index[plan["candidate"]["catalogue_index"]]
+        record = dict(plan)
+        record["model_path"] = entry["model_path"]
+        record["model_files"] = entry["model_files"]
+        record["model_sha256"] = [f["sha256"] for f in entry["files"]]
+        record["catalogue_index"] = entry["index"]
+        record["planned_from"] = "file" if all(p in on_disk for p in entry["model_files"]) else "declared"
+        record["llama_fit_params"] = llm_model_fit_estimate(fits.get(plan["gpu_index"]), record, fit_tool)
+        first = chosen.get(plan["gpu_index"])
+        if first:
+            record["choice"] = {"quant": first["quant"], "reason": first["reason"], "summary": _summary(first)}
+        records.append(record)
+    return {
+        "model": model_name or os.path.basename(records[0]["model_path"]) if records else model_name,
+        "model_dir": model_dir,
+        "policy": policy or {},
+        "plans": records,
+        "summary": "; ".join(_summary(p) for p in records),
+    }
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "llm_model_entries": llm_model_entries,
+            "llm_model_candidates": llm_model_candidates,
+            "llm_model_fetch_files": llm_model_fetch_files,
+            "llm_model_gpus": llm_model_gpus,
+            "llm_model_plan_lines": llm_model_plan_lines,
+            "llm_model_fit_argv": llm_model_fit_argv,
+            "llm_model_fit_estimate": llm_model_fit_estimate,
+            "llm_model_record": llm_model_record,
+        }
