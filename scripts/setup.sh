@@ -70,4 +70,17 @@ if [ "$(cat "$harness_cache/wheelhouse/.hash" 2>/dev/null)" != "$wheel_hash" ]; 
     -d "$harness_cache/wheelhouse" -r roles/fleet_common/files/requirements-host.txt
   echo "$wheel_hash" > "$harness_cache/wheelhouse/.hash"
 fi
+# --- 5. llama.cpp source archive (roles/llama_cpp tests) ----------------------
+# [llama_cpp] The llama.cpp tree of the llama-cpp-python 0.3.36 sdist, as the
+# air-gapped source archive the llama_cpp scenario builds from (once; reused).
+step "llama.cpp source archive"
+scripts/fetch-llama-source.sh "$harness_cache"
+# [/llama_cpp]
+# --- 6. Model mirror: a tiny servable GGUF the simulated fleet serves ----------
+if [ ! -s "$harness_cache/models/tiny-f32.gguf.sha256" ]; then
+  step "tiny test model (tests/harness/tiny_model.py)"
+  mkdir -p "$harness_cache/models"
+  "$venv/bin/python" tests/harness/tiny_model.py "$harness_cache/models/tiny-f32.gguf"
+  (cd "$harness_cache/models" && sha256sum tiny-f32.gguf | cut -d' ' -f1 > tiny-f32.gguf.sha256)
+fi
 step "done"

@@ -1,0 +1,165 @@
+"""llama-server as a service, end to end on CPU builds: checked from outside the
+role (processes, systemd, HTTP), against the plan the model stage recorded."""
+import json
+import shlex
+
+import pytest
+import testinfra
+
+from hostprobe import reboot, run_playbook
+
+ONE_GPU = "ls-sxm2-32gb"
+TWO_GPUS = "ls-2x-sxm2-16gb"
+
+
+def node(name):
+    return testinfra.get_host("docker://" + name)
+
+
+def fact(host, stage):
+    return json.loads(host.file("/etc/ansible/facts.d/llm_fleet_%s.fact" % stage).content_string)
+
+
+def http(host, port, path, body=None, key=None):
+    """(status, parsed JSON body) of a request made on the host itself."""
+    script = (
+        "import json,sys,urllib.request as u\n"
+        "req=u.Request('http://127.0.0.1:%d%s', data=%r, headers={'Content-Type':'application/json'})\n"
+        "%s"
+        "try:\n r=u.urlopen(req, timeout=120); print(json.dumps([r.status, json.load(r)]))\n"
+        "except u.HTTPError as e:\n print(json.dumps([e.code, None]))\n"
+        % (port, path, json.dumps(body).encode() if body is not None else None,
+           "req.add_header('Authorization','Bearer %s')\n" % key if key else ""))
+    out = host.check_output("python3 -c %s" % shlex.quote(script))
+    return json.loads(out)
+
+
+def main_pid(host, index):
+    return int(host.check_output("systemctl show -P MainPID llama-server@%d.service" % index))
+
+
+def cmdline(host, pid):
+    return host.check_output("tr '\\0' '\\n' < /proc/%d/cmdline" % pid).splitlines()
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("name,instances", [(ONE_GPU, 1), (TWO_GPUS, 2)])
+def test_one_instance_per_gpu_runs_as_its_user(name, instances):
+    host = node(name)
+    plans = fact(host, "model")["plans"]
+    assert len(plans) == instances
+    for plan in plans:
+        unit = host.service("llama-server@%d.service" % plan["gpu_index"])
+        assert unit.is_running and unit.is_enabled
+        pid = main_pid(host, plan["gpu_index"])
+        assert host.process.get(pid=pid).user == "llama"
+
+
+@pytest.mark.parametrize("name", [ONE_GPU, TWO_GPUS])
+def test_running_flags_match_the_plan(name):
+    host = node(name)
+    for plan in fact(host, "model")["plans"]:
+        pid = main_pid(host, plan["gpu_index"])
+        args = cmdline(host, pid)
+        assert flag(args, "--model") == plan["model_path"]
+        assert int(flag(args, "--ctx-size")) == plan["ctx_size"]
+        assert int(flag(args, "--parallel")) == plan["parallel"]
+        assert flag(args, "--cache-type-k") == plan["cache_type_k"]
+        assert flag(args, "--cache-type-v") == plan["cache_type_v"]
+        assert int(flag(args, "--port")) == 8080 + plan["gpu_index"]
+        assert flag(args, "--host") == "127.0.0.1"
+        # The process's own environment needs CAP_SYS_PTRACE to read; systemd says what it set.
+        environ = host.check_output("systemctl show -P Environment llama-server@%d.service" % plan["gpu_index"]).split()
+        assert "CUDA_VISIBLE_DEVICES=%s" % plan["gpu_uuid"] in environ
+
+
+@pytest.mark.parametrize("name", [ONE_GPU, TWO_GPUS])
+def test_health_and_a_real_chat_completion(name):
+    host = node(name)
+    for plan in fact(host, "model")["plans"]:
+        port = 8080 + plan["gpu_index"]
+        assert http(host, port, "/health") == [200, {"status": "ok"}]
+        status, body = http(host, port, "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8})
+        assert status == 200
+        assert body["choices"][0]["message"]["content"] is not None
+        assert body["usage"]["completion_tokens"] >= 1
+        status, metrics = 200, host.check_output(
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:%d/metrics').read().decode())\"" % port)
+        assert "llamacpp:" in metrics
+
+
+def test_unit_is_hardened_and_ordered_after_gpu_tuning():
+    host = node(ONE_GPU)
+    props = host.service("llama-server@0.service").systemd_properties
+    assert props["NoNewPrivileges"] == "yes"
+    assert props["ProtectSystem"] == "strict"
+    assert props["PrivateTmp"] == "yes"
+    assert host.check_output("systemctl show -P CapabilityBoundingSet llama-server@0.service") == ""
+    assert props["DevicePolicy"] == "closed"
+    assert "llm-fleet-gpu.target" in props["After"]
+    exposure = float(fact(host, "llama_server")["security_exposure"])
+    assert exposure <= 3.0, "systemd-analyze security exposure %.1f" % exposure
+
+
+def test_a_rerun_restarts_nothing(tmp_path):
+    host = node(ONE_GPU)
+    before = host.check_output("systemctl show -P ExecMainStartTimestampMonotonic llama-server@0.service")
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "changed=0" in result.stdout
+    assert host.check_output("systemctl show -P ExecMainStartTimestampMonotonic llama-server@0.service") == before
+
+
+def test_binding_beyond_loopback_needs_an_api_key(tmp_path):
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
+                          extra_vars={"llama_server_host": "0.0.0.0"})
+    assert result.returncode != 0
+    assert "no llama_server_api_key is set" in " ".join(result.stdout.split())
+
+
+def test_api_key_is_enforced_and_never_logged(tmp_path):
+    host = node(ONE_GPU)
+    secret = "test-key-5f1e"
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
+                          extra_vars={"llama_server_host": "0.0.0.0", "llama_server_api_key": secret})
+    try:
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert secret not in result.stdout
+        key_file = host.file("/etc/llm-fleet/llama-server/api-key")
+        assert key_file.mode == 0o640 and key_file.user == "root" and key_file.group == "llama"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert http(host, 8080, "/v1/chat/completions", body)[0] == 401
+        assert http(host, 8080, "/v1/chat/completions", body, key=secret)[0] == 200
+    finally:
+        back = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path)
+        assert back.returncode == 0, back.stdout[-3000:]
+
+
+def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path):
+    host = node(ONE_GPU)
+    plans = fact(host, "model")["plans"]
+    host.run_expect([0], "head -c 100000 %s > /var/lib/llm-fleet/models/broken.gguf" % plans[0]["model_path"])
+    bad = [dict(plans[0], model_path="/var/lib/llm-fleet/models/broken.gguf")]
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
+                          extra_vars={"llama_server_plans": bad, "llama_server_health_timeout_base": 20})
+    assert result.returncode != 0
+    assert "rolled back to the last plan that worked" in " ".join(result.stdout.split())
+    assert flag(cmdline(host, main_pid(host, 0)), "--model") == plans[0]["model_path"]
+    assert http(host, 8080, "/health")[0] == 200
+
+
+@pytest.mark.parametrize("name", [TWO_GPUS])
+def test_instances_come_back_after_a_reboot(name):
+    host = node(name)
+    reboot(host)
+    for plan in fact(host, "model")["plans"]:
+        port = 8080 + plan["gpu_index"]
+        for _ in range(60):
+            if host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:%d/health')\"" % port).rc == 0:
+                break
+            host.run("sleep 1")
+        assert http(host, port, "/health")[0] == 200

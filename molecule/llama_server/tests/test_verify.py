@@ -1,0 +1,80 @@
+"""The verify stage, checked from outside: the host's fact and script, the served
+API measured again on the host, and the fleet report on the controller."""
+import json
+import os
+import shlex
+
+import pytest
+import testinfra
+
+HOSTS = ["ls-sxm2-32gb", "ls-2x-sxm2-16gb"]
+SCRIPT = "/opt/llm-fleet/bin/llm-fleet-loadtest"
+
+
+def node(name):
+    return testinfra.get_host("docker://" + name)
+
+
+def fact(host, stage):
+    return json.loads(host.file("/etc/ansible/facts.d/llm_fleet_%s.fact" % stage).content_string)
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_fact_has_plausible_figures(name):
+    host = node(name)
+    f = host.file("/etc/ansible/facts.d/llm_fleet_verify.fact")
+    assert f.exists and f.mode == 0o644 and f.user == "root"
+    record = json.loads(f.content_string)
+    served = fact(host, "llama_server")["instances"]
+    assert record["status"] == "ok", record["errors"]
+    assert record["summary"].startswith("ok: ")
+    assert [i["port"] for i in record["instances"]] == [i["port"] for i in served]
+    for inst in record["instances"]:
+        assert 0 < inst["single_stream_tps"] < 100000
+        assert 0 < inst["aggregate_4_tps"] and 0 < inst["aggregate_slots_tps"]
+        assert 0 < inst["ttft_s"] < 30
+        levels = {l["concurrency"]: l for l in inst["levels"]}
+        assert 1 in levels and 4 in levels and inst["parallel"] in levels
+        for c, level in levels.items():
+            assert level["errors"] == [] and level["streams_ok"] == c
+            assert level["tokens"] == c * inst["n_predict"]  # ignore_eos: exactly n_predict each
+        # CPU builds: the GPU ceiling does not apply, and says so
+        assert inst["ceiling_ratio"] is None
+        assert inst["ceiling_note"].startswith("not applicable: llama.cpp backend is cpu")
+        assert inst["llama_bench"]["status"] in ("ok", "skipped")
+        if inst["llama_bench"]["status"] == "ok":
+            assert inst["llama_bench"]["decode_tps"] > 0 and inst["llama_bench"]["prompt_tps"] > 0
+
+
+@pytest.mark.parametrize("name", HOSTS)
+def test_load_test_script_is_installed_and_measures_the_served_api(name):
+    host = node(name)
+    script = host.file(SCRIPT)
+    assert script.exists and script.mode == 0o755
+    port = fact(host, "llama_server")["instances"][0]["port"]
+    key = "/etc/llm-fleet/llama-server/api-key"
+    key_arg = " --api-key-file %s" % key if fact(host, "llama_server")["api_key"] else ""
+    out = host.run("/opt/llm-fleet/venv/bin/python %s --url http://127.0.0.1:%d --streams 2 --n-predict 4 "
+                   "--no-warmup --strip-streams%s" % (SCRIPT, port, key_arg))
+    assert out.rc == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["levels"][0]["tokens"] == 8
+
+
+@pytest.mark.parametrize("name", HOSTS[:1])
+def test_load_test_script_refuses_other_hosts(name):
+    out = node(name).run("/opt/llm-fleet/venv/bin/python %s --url %s" % (SCRIPT, shlex.quote("http://10.0.0.1:8080")))
+    assert out.rc == 2 and "only 127.0.0.1" in json.loads(out.stdout)["error"]
+
+
+def test_fleet_report_on_the_controller():
+    reports = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "reports")
+    with open(os.path.join(reports, "fleet-verify.json")) as handle:
+        report = json.load(handle)
+    assert sorted(r["host"] for r in report["records"]) == sorted(HOSTS)
+    assert report["instances"] == 3 and report["error_hosts"] == [] and report["flagged_hosts"] == []
+    with open(os.path.join(reports, "fleet-verify.md")) as handle:
+        text = handle.read()
+    for name in HOSTS:
+        assert "| %s |" % name in text
+    assert os.path.getsize(os.path.join(reports, "fleet-verify.svg")) > 200

@@ -1,0 +1,50 @@
+"""How a plan becomes llama-server's command line (roles/llama_server/filter_plugins)."""
+import importlib.util
+
+import pytest
+
+from conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location(
+    "llama_server_filters", ROOT / "roles" / "llama_server" / "filter_plugins" / "llama_server.py")
+filters = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(filters)
+
+PLAN = {"gpu_index": 1, "gpu_uuid": "GPU-x", "model_path": "/m/q4.gguf", "quant": "Q4_K_M", "ctx_size": 32768,
+        "parallel": 4, "n_gpu_layers": 65, "cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": True,
+        "batch_size": 2048, "ubatch_size": 512, "threads": 20}
+OPTIONS = {"host": "127.0.0.1", "port": 8081, "alias": "Q4_K_M", "threads": 8, "metrics": True,
+           "api_key_file": "", "lock_memory": True, "llama_fit": False, "extra_args": []}
+NEW_BUILD = ["--model", "--alias", "--host", "--port", "--ctx-size", "--parallel", "--n-gpu-layers",
+             "--cache-type-k", "--cache-type-v", "--flash-attn", "--batch-size", "--ubatch-size", "--threads",
+             "--threads-batch", "--metrics", "--api-key-file", "--load-mode", "--fit"]
+
+
+def test_a_plan_renders_every_planned_value():
+    args = filters.llama_server_args(PLAN, OPTIONS, NEW_BUILD)["args"]
+    assert args == ["--model", "/m/q4.gguf", "--alias", "Q4_K_M", "--host", "127.0.0.1", "--port", "8081",
+                    "--ctx-size", "32768", "--parallel", "4", "--n-gpu-layers", "65", "--cache-type-k", "f16",
+                    "--cache-type-v", "f16", "--flash-attn", "on", "--batch-size", "2048", "--ubatch-size", "512",
+                    "--threads", "8", "--threads-batch", "8", "--metrics", "--load-mode", "mlock", "--fit", "off"]
+
+
+def test_an_older_build_gets_mlock_and_loses_flags_it_lacks():
+    old = [f for f in NEW_BUILD if f not in ("--load-mode", "--fit")] + ["--mlock"]
+    result = filters.llama_server_args(PLAN, OPTIONS, old)
+    assert "--mlock" in result["args"] and "--load-mode" not in result["args"]
+    assert result["dropped"] == ["--fit"]
+
+
+def test_a_build_without_an_essential_flag_cannot_run_the_plan():
+    with pytest.raises(ValueError, match="no --ctx-size flag"):
+        filters.llama_server_args(PLAN, OPTIONS, [f for f in NEW_BUILD if f != "--ctx-size"])
+
+
+def test_unknown_extra_args_are_refused():
+    with pytest.raises(ValueError, match="--no-such-flag"):
+        filters.llama_server_args(PLAN, dict(OPTIONS, extra_args=["--no-such-flag"]), NEW_BUILD)
+
+
+def test_the_api_key_file_is_passed_when_a_key_is_set():
+    args = filters.llama_server_args(PLAN, dict(OPTIONS, api_key_file="/etc/k"), NEW_BUILD)["args"]
+    assert args[args.index("--api-key-file") + 1] == "/etc/k"
