@@ -1,0 +1,84 @@
+"""Filters of the llama_cpp role.
+
+`llama_cpp_build_plan` decides which builds a play needs and which host compiles
+each (one compile per distinct build key, not one per host).
+`llama_cpp_help_flags` turns `llama-server --help` into the sorted list of the
+command-line flags the binary accepts, so the server role never renders a flag
+the pinned build lacks. `llama_cpp_version_info` parses `--version`.
+Kept free of Ansible imports so the unit tests load it directly.
+"""
+import re
+
+# llama.cpp's common/arg.cpp prints each option as its flags (and value hints)
+# padded to column 40, then the help text; flags longer than 37 characters get
+# the help text on the next lines, indented by 40 spaces.
+_HELP_COLUMN = 40
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]*)")
+# "version: 0.5.0-dev (build 0, commit 0c1e57098)" (2026), "version: 6500 (0c1e5709)" (older).
+_VERSION = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s+(?P<number>\d+),\s*commit\s+(?P<commit>[^)\s]+)\)")
+_VERSION_OLD = re.compile(r"version:\s*(?P<number>\d+)\s*\((?P<commit>[^)\s]+)\)")
+_BUILT_WITH = re.compile(r"built with (?P<compiler>.+?) for (?P<target>\S.*)$", re.MULTILINE)
+
+
+def _flags_column(line):
+    if len(line) > _HELP_COLUMN and line[_HELP_COLUMN - 3:_HELP_COLUMN] == "   ":
+        return line[:_HELP_COLUMN]
+    return line
+
+
+def llama_cpp_help_flags(text):
+    """Every flag (`-c`, `--ctx-size`, `--no-mmap`, ...) that `--help` lists."""
+    flags = set()
+    for line in (text or "").splitlines():
+        # Option lines start at column 0; help text and "(env: ...)" lines are indented.
+        if not line.startswith("-") or line.startswith("---"):
+            continue
+        flags.update(_FLAG.findall(_flags_column(line)))
+    return sorted(flags)
+
+
+def llama_cpp_version_info(text):
+    """`llama-server --version` -> {version, number, commit, compiler, target, text}."""
+    text = text or ""
+    info = {"version": None, "number": None, "commit": None, "compiler": None, "target": None,
+            "text": " ".join(line.strip() for line in text.splitlines()
+                             if line.startswith(("version:", "built with")))}
+    match = _VERSION.search(text) or _VERSION_OLD.search(text)
+    if match:
+        info["version"] = match.groupdict().get("version")
+        info["number"] = int(match.group("number"))
+        info["commit"] = match.group("commit")
+    match = _BUILT_WITH.search(text)
+    if match:
+        info["compiler"] = match.group("compiler")
+        info["target"] = match.group("target").strip()
+    return info
+
+
+def llama_cpp_build_plan(builds, build_host=""):
+    """Group the hosts' builds by build key.
+
+    builds: one dict per host of the play, in play order, each with `host`, `key`,
+    `spec` and `installed` (the host already has that build).
+    Returns {key: {"spec", "hosts", "needed_by", "builder"}}: `needed_by` lists the
+    hosts that must install it, `builder` is build_host when given, else the first
+    host of the play with that key.
+    """
+    plan = {}
+    for build in builds:
+        entry = plan.setdefault(build["key"], {
+            "spec": build["spec"], "hosts": [], "needed_by": [],
+            "builder": build_host or build["host"]})
+        entry["hosts"].append(build["host"])
+        if not build["installed"]:
+            entry["needed_by"].append(build["host"])
+    return plan
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "llama_cpp_build_plan": llama_cpp_build_plan,
+            "llama_cpp_help_flags": llama_cpp_help_flags,
+            "llama_cpp_version_info": llama_cpp_version_info,
+        }
