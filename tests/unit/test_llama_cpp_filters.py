@@ -100,3 +100,29 @@ def test_plan_uses_the_designated_build_host_and_skips_installed_hosts():
 def test_plan_of_an_installed_fleet_needs_nothing():
     plan = filters.llama_cpp_build_plan([_build("a", "k", True), _build("b", "k", True)])
     assert plan["k"]["needed_by"] == []
+
+
+# `cuobjdump --list-elf libggml-cuda.so` prints one line per cubin (first lines of
+# a real listing; the H200 build listed 144 such lines).
+LIST_ELF_SM90 = """\
+ELF file    1: libggml-cuda.1.sm_90.cubin
+ELF file    2: libggml-cuda.2.sm_90.cubin
+ELF file  144: libggml-cuda.144.sm_90.cubin
+"""
+
+
+def test_cubin_archs_reads_cuobjdump_list_elf():
+    assert filters.llama_cpp_cubin_archs(LIST_ELF_SM90) == ["90"]
+    assert filters.llama_cpp_cubin_archs(LIST_ELF_SM90.replace("sm_90.", "sm_70.", 1)) == ["70", "90"]
+    assert filters.llama_cpp_cubin_archs("") == []
+
+
+def test_missing_archs_names_what_the_build_lacks():
+    # The regression of the first real-GPU run: a build holding sm_90 code passes for ["90"].
+    assert filters.llama_cpp_missing_archs(["90"], LIST_ELF_SM90) == []
+    assert filters.llama_cpp_missing_archs([90], LIST_ELF_SM90) == []
+    assert filters.llama_cpp_missing_archs(["70"], LIST_ELF_SM90) == ["70"]
+    assert filters.llama_cpp_missing_archs(["70", "90"], LIST_ELF_SM90) == ["70"]
+    # "sm_9" is not "sm_90"; an empty listing holds nothing.
+    assert filters.llama_cpp_missing_archs(["9"], LIST_ELF_SM90) == ["9"]
+    assert filters.llama_cpp_missing_archs(["70"], "") == ["70"]

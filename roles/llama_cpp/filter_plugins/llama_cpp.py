@@ -5,6 +5,8 @@ each (one compile per distinct build key, not one per host).
 `llama_cpp_help_flags` turns `llama-server --help` into the sorted list of the
 command-line flags the binary accepts, so the server role never renders a flag
 the pinned build lacks. `llama_cpp_version_info` parses `--version`.
+`llama_cpp_missing_archs` reads `cuobjdump --list-elf` of the CUDA backend and
+names the requested architectures it holds no code for.
 Kept free of Ansible imports so the unit tests load it directly.
 """
 import re
@@ -17,6 +19,8 @@ _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w.-]*)")
 # "version: 0.5.0-dev (build 0, commit 0c1e57098)" (2026), "version: 6500 (0c1e5709)" (older).
 _VERSION = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s+(?P<number>\d+),\s*commit\s+(?P<commit>[^)\s]+)\)")
 _VERSION_OLD = re.compile(r"version:\s*(?P<number>\d+)\s*\((?P<commit>[^)\s]+)\)")
+# cuobjdump --list-elf: "ELF file    1: libggml-cuda.1.sm_70.cubin" (one line per cubin).
+_CUBIN = re.compile(r"\.sm_(?P<arch>\d+[a-z]?)\.cubin\b")
 _BUILT_WITH = re.compile(r"built with (?P<compiler>.+?) for (?P<target>\S.*)$", re.MULTILINE)
 
 
@@ -55,6 +59,18 @@ def llama_cpp_version_info(text):
     return info
 
 
+def llama_cpp_cubin_archs(listing):
+    """The architectures `cuobjdump --list-elf` lists cubins for, e.g. ["70"]."""
+    return sorted(set(match.group("arch") for match in _CUBIN.finditer(listing or "")))
+
+
+def llama_cpp_missing_archs(archs, listing):
+    """The requested CUDA architectures (["70"], CMake's numbers) that have no
+    sm_<arch> cubin in the listing: a build without them cannot run on those GPUs."""
+    present = set(llama_cpp_cubin_archs(listing))
+    return [str(arch) for arch in archs if str(arch) not in present]
+
+
 def llama_cpp_build_plan(builds, build_host=""):
     """Group the hosts' builds by build key.
 
@@ -79,6 +95,8 @@ class FilterModule(object):
     def filters(self):
         return {
             "llama_cpp_build_plan": llama_cpp_build_plan,
+            "llama_cpp_cubin_archs": llama_cpp_cubin_archs,
+            "llama_cpp_missing_archs": llama_cpp_missing_archs,
             "llama_cpp_help_flags": llama_cpp_help_flags,
             "llama_cpp_version_info": llama_cpp_version_info,
         }
