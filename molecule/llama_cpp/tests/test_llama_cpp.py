@@ -1,7 +1,9 @@
 """The llama.cpp build stage, read from the hosts: three simulated V100 hosts
-that converge compiled llama.cpp for once (CPU backend, from the source archive
-on the controller), then a rerun, a changed source, a broken source, a rollback
-and pruning, each driven through playbooks/llama_cpp.yml like an operator would.
+that converge compiled llama.cpp for once (CUDA backend for the compute
+capability NVML reports, with the simulated CUDA 11.8 toolkit, from the source
+archive on the controller), then a rerun, a changed source, a broken source, a
+rollback, pruning, a build without the GPUs' architecture and a CPU build, each
+driven through playbooks/llama_cpp.yml like an operator would.
 
 The tests run in file order: each later one starts from the state the one
 before left (the build that is current, the builds kept).
@@ -134,21 +136,31 @@ def test_installed_versioned_behind_current(first_build):
         # The binaries find their libraries inside the build ($ORIGIN/../lib), not elsewhere.
         libs = dict(re.findall(r"^\s*(\S+) => (\S+)", host.check_output("ldd %s/current/bin/llama-server", PREFIX), re.M))
         own = {name: path for name, path in libs.items() if re.match(r"lib(llama|ggml|mtmd)", name)}
-        assert "libllama.so.0" in own and "libggml-cpu.so.0" in own
+        assert "libllama.so.0" in own and "libggml-cpu.so.0" in own and "libggml-cuda.so.0" in own
         assert all(path.startswith(PREFIX + "/current/bin/../lib/") for path in own.values()), own
         assert "not" not in libs.values()
+        # The CUDA backend finds the CUDA 11.8 runtime and cuBLAS the NVIDIA stage installed.
+        cuda = dict(re.findall(r"^\s*(\S+) => (\S+)", host.check_output("ldd %s/current/lib/libggml-cuda.so", PREFIX),
+                               re.M))
+        for lib in ("libcudart.so.11.0", "libcublas.so.11"):
+            assert cuda.get(lib, "").startswith("/usr/local/cuda"), (lib, cuda)
+        # ... and holds device code for the V100's sm_70 (cuobjdump's list of cubins).
+        cubins = host.check_output("/usr/local/cuda-11.8/bin/cuobjdump --list-elf %s/current/lib/libggml-cuda.so", PREFIX)
+        assert re.search(r"^ELF file\s+1: libggml-cuda\.1\.sm_70\.cubin$", cubins, re.M), cubins[:500]
+        assert set(re.findall(r"sm_(\d+)\.cubin", cubins)) == {"70"}
 
 
 def test_local_fact_records_the_build(first_build):
     record = first_build
     assert record["commit"] == COMMIT
     assert record["source"] == "archive sha256:" + SOURCE["sha256"]
-    assert record["backend"] == "cpu"
-    assert record["build_key"].startswith(COMMIT[:9] + "-cpu-")
+    assert record["backend"] == "cuda"
+    assert record["cuda_version"] == "11.8" and record["cuda_architectures"] == ["70"]
+    assert record["build_key"].startswith(COMMIT[:9] + "-cuda-sm70-")
     assert record["version_commit"] == COMMIT[:9]
     assert "built with GNU" in record["version"]
     assert record["targets"] == ["llama-server", "llama-bench", "llama-quantize", "llama-fit-params"]
-    for flag in ("-DGGML_CUDA=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=OFF",
+    for flag in ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=70", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=OFF",
                  "-DLLAMA_BUILD_COMMIT=%s" % COMMIT[:9]):
         assert flag in record["cmake_flags"]
     # The flags the server role may render, read from this binary's --help: this
@@ -187,7 +199,7 @@ def test_a_changed_source_builds_once_and_switches_every_host(tmp_path, first_bu
     assert result.returncode == 0, result.stdout[-3000:]
     new = fact(BUILDER)
     old_key, new_key = first_build["build_key"], new["build_key"]
-    assert new_key != old_key and new_key.startswith(COMMIT[:9] + "-cpu-")
+    assert new_key != old_key and new_key.startswith(COMMIT[:9] + "-cuda-sm70-")
     # ccache: only the patched file (and nothing else) was compiled again.
     stats = re.search(r"ccache\s+(\d+) hits, (\d+) compiled", result.stdout)
     assert stats and int(stats.group(2)) <= 2 and int(stats.group(1)) > 100, stats and stats.group(0)
@@ -270,7 +282,7 @@ def test_a_git_source_at_a_new_commit_builds_once_and_switches(tmp_path, first_b
         record = fact(name)
         assert record["source"] == "git" and record["commit"] == commit
         assert record["version_commit"] == commit[:9] and record["built_on"] == BUILDER
-        assert current(name) == record["build_key"] and record["build_key"].startswith(commit[:9] + "-cpu-")
+        assert current(name) == record["build_key"] and record["build_key"].startswith(commit[:9] + "-cuda-sm70-")
         assert node(name).check_output("readlink %s/previous", PREFIX) == first_build["build_key"]
         assert len(builds(name)) == 2
         if name != BUILDER:
@@ -286,27 +298,30 @@ def test_builds_beyond_the_kept_count_are_pruned(tmp_path, first_build):
         assert not node(name).file("%s/previous" % PREFIX).exists
 
 
-def test_the_cuda_backend_targets_the_compute_capability_nvml_reports(tmp_path):
-    """Last: puts the NVIDIA stage on one host. The CUDA build then targets what
-    the host's GPU reports (sm_70 for the V100). The harness's CUDA 11.8 is a stub
-    (an nvcc that only answers --version, no headers), so the real run fails in
-    CMake's configure step, with CMake's words, and the host keeps the CPU build
-    it runs."""
-    name = HOSTS[2]
-    running = current(name)
-    stack = run_playbook("playbooks/nvidia_stack.yml", [name], tmp_path=tmp_path)
-    assert stack.returncode == 0, stack.stdout[-3000:]
-
-    check, _ = converge(tmp_path, check=True, hosts=[name], llama_cpp_backend="cuda")
-    assert check.returncode == 0, check.stdout[-3000:]
-    key = re.search(r"would compile llama.cpp build\(s\) (\S+)", check.stdout).group(1)
-    assert key.startswith(COMMIT[:9] + "-cuda-sm70-"), key
-
-    result, _ = converge(tmp_path, hosts=[name], llama_cpp_backend="cuda")
+def test_a_build_without_the_gpus_architecture_is_refused_and_the_running_build_stays(tmp_path):
+    """The negative case of the CUDA check: a build whose CMake options override
+    the architectures (sm_75 for V100s that need sm_70) compiles, fails the
+    cuobjdump check on every host, is removed, and every host keeps its build."""
+    running = {name: current(name) for name in HOSTS}
+    result, _ = converge(tmp_path, llama_cpp_cmake_options={"CMAKE_CUDA_ARCHITECTURES": "75"})
     assert result.returncode != 0
-    assert "llama.cpp build %s failed on %s" % (key, name) in result.stdout
-    assert "CUDA Toolkit not found" in result.stdout and "found version \"11.8.89\"" in result.stdout
-    assert "-DCMAKE_CUDA_ARCHITECTURES=70" in node(name).file(
-        "/var/cache/llm-fleet/llama.cpp-build/work/build.sh").content_string
-    assert current(name) == running
-    assert fact(name)["backend"] == "cpu"
+    assert "has no code for sm_70" in result.stdout and "cubins are for sm_75" in result.stdout
+    assert "it was not installed" in result.stdout
+    for name in HOSTS:
+        assert recap(result.stdout, name).get("failed", 0) == 1
+        assert current(name) == running[name]
+        assert fact(name)["build_key"] == running[name]
+        assert node(name).run("find %s -maxdepth 1 -name '.staging-*'" % PREFIX).stdout.strip() == ""
+
+
+def test_the_cpu_backend_builds_and_installs_on_one_host(tmp_path):
+    """Last: the CPU-only build (llama_cpp_backend: cpu), an operator's choice
+    for hosts without a usable GPU, on one host, from the same ccache."""
+    name = HOSTS[2]
+    result, _ = converge(tmp_path, hosts=[name], llama_cpp_backend="cpu")
+    assert result.returncode == 0, result.stdout[-3000:]
+    record = fact(name)
+    assert record["backend"] == "cpu" and record["build_key"].startswith(COMMIT[:9] + "-cpu-")
+    assert current(name) == record["build_key"]
+    assert not node(name).file("%s/current/lib/libggml-cuda.so" % PREFIX).exists
+    assert "-DGGML_CUDA=OFF" in record["cmake_flags"]

@@ -172,6 +172,74 @@ stub_library() {
     put_file "$out" "$1" 0644
 }
 
+# empty_archive PATH: a static library with no members (CMake and the linker accept it).
+empty_archive() {
+    mkdir -p "$PKG_ROOT$(dirname "$1")"
+    printf '!<arch>\n' >"$PKG_ROOT$1"
+    chmod 0644 "$PKG_ROOT$1"
+}
+
+# cudart_source CUDA: the runtime calls the simulation answers, like a runtime on a host where no GPU
+# answers (cudaErrorNoDevice); the version is the release's.
+cudart_source() {
+    cat <<EOF
+/* Simulated CUDA $1 runtime (the project's test harness). */
+int cudaRuntimeGetVersion(int *version) { *version = ${1%%.*}000 + ${1#*.} * 10; return 0; }
+int cudaGetDeviceCount(int *count) { *count = 0; return 100; }
+int cudaGetDeviceProperties(void *prop, int device) { (void)prop; (void)device; return 100; }
+/* What nvcc's host stubs call when a library with device code loads. */
+static void *simulated_handle;
+void **__cudaRegisterFatBinary(void *fatbin) { (void)fatbin; return &simulated_handle; }
+void __cudaRegisterFatBinaryEnd(void **handle) { (void)handle; }
+void __cudaUnregisterFatBinary(void **handle) { (void)handle; }
+EOF
+}
+
+# cudart_header PATH CUDA: the declarations of what cudart_source defines (CMake's ABI probe uses them).
+cudart_header() {
+    put "$1" 0644 <<EOF
+/* Simulated cuda_runtime.h of CUDA $2 (the project's test harness): what the simulated runtime answers. */
+#ifndef SIMULATED_CUDA_RUNTIME_H
+#define SIMULATED_CUDA_RUNTIME_H
+#define CUDART_VERSION $((${2%%.*} * 1000 + ${2#*.} * 10))
+typedef enum cudaError { cudaSuccess = 0, cudaErrorNoDevice = 100 } cudaError_t;
+struct cudaDeviceProp { char name[256]; int major; int minor; char reserved[1024]; };
+#ifdef __cplusplus
+extern "C" {
+#endif
+cudaError_t cudaRuntimeGetVersion(int *version);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
+#ifdef __cplusplus
+}
+#endif
+#endif
+EOF
+}
+
+# static_library PATH: a static library of the C source on stdin.
+static_library() {
+    local out=$WORK/stubs/$(basename "$1")
+    mkdir -p "$WORK/stubs"
+    "$CC" -c -fPIC -O2 -o "$out.o" -x c - || die "compiling static library $1 failed"
+    rm -f "$out" && ar rcs "$out" "$out.o" || die "archiving $1 failed"
+    put_file "$out" "$1" 0644
+}
+
+# cuda_header PATH CUDA: a placeholder for a toolkit header (FindCUDAToolkit looks for it; the
+# simulated nvcc compiles no device code, so nothing reads more than the version).
+cuda_header() {
+    local guard
+    guard=SIMULATED_$(basename "$1" | tr 'a-z.' 'A-Z_')
+    put "$1" 0644 <<EOF
+/* Simulated $(basename "$1") of CUDA $2 (the project's test harness). */
+#ifndef $guard
+#define $guard
+#define CUDART_VERSION $((${2%%.*} * 1000 + ${2#*.} * 10))
+#endif
+EOF
+}
+
 # build_mock_nvml DRIVER_VERSION CUDA_DRIVER_API: prints the build directory holding the mock
 # libnvidia-ml.so.1 that reports that driver.
 build_mock_nvml() {
@@ -223,6 +291,13 @@ driver_branch() {
     exclusive_across_branches libnvidia-compute
     put_file "$nvml/libnvidia-ml.so.1" "$LIBDIR/libnvidia-ml.so.$driver" 0644
     put_link "$LIBDIR/libnvidia-ml.so.1" "libnvidia-ml.so.$driver"
+    # The CUDA driver library llama.cpp's CUDA backend links: answers like a driver that sees no
+    # device (there is no kernel module in a container).
+    stub_library "$LIBDIR/libcuda.so.$driver" libcuda.so.1 <<EOF
+int cuInit(unsigned int flags) { (void)flags; return 100; /* CUDA_ERROR_NO_DEVICE */ }
+int cuDriverGetVersion(int *version) { *version = $api; return 0; }
+EOF
+    put_link "$LIBDIR/libcuda.so.1" "libcuda.so.$driver"
     ldconfig_trigger
     pkg_end
 
@@ -330,33 +405,52 @@ EOF
     pkg_begin "cuda-cudart-$dashed" "$version" "$ARCH" devel "CUDA Runtime native Libraries"
     rel Depends "cuda-toolkit-$dashed-config-common"
     rel Depends "cuda-toolkit-config-common"
-    stub_library "$libdir/libcudart.so.$component" "$cudart_soname" <<EOF
-/* cudaRuntimeGetVersion() answers like CUDA $cuda's runtime; nothing else is implemented. */
-int cudaRuntimeGetVersion(int *version) { *version = ${major}000 + ${cuda#*.} * 10; return 0; }
-EOF
+    cudart_source "$cuda" | stub_library "$libdir/libcudart.so.$component" "$cudart_soname"
     put_link "$libdir/$cudart_soname" "libcudart.so.$component"
     put_link "$prefix/lib64" "targets/$CUDA_TARGET/lib"
     pkg_end
 
+    pkg_begin "cuda-cudart-dev-$dashed" "$version" "$ARCH" devel "CUDA Runtime native dev links, headers"
+    rel Depends "cuda-cudart-$dashed (>= $component)"
+    put_link "$libdir/libcudart.so" "$cudart_soname"
+    cudart_source "$cuda" | static_library "$libdir/libcudart_static.a"
+    empty_archive "$libdir/libcudadevrt.a"
+    empty_archive "$libdir/libculibos.a"
+    cudart_header "$prefix/targets/$CUDA_TARGET/include/cuda_runtime.h" "$cuda"
+    cuda_header "$prefix/targets/$CUDA_TARGET/include/cuda_runtime_api.h" "$cuda"
+    put_link "$prefix/include" "targets/$CUDA_TARGET/include"
+    pkg_end
+
+    pkg_begin "cuda-driver-dev-$dashed" "$version" "$ARCH" devel "CUDA Driver native dev stub library"
+    stub_library "$libdir/stubs/libcuda.so" libcuda.so.1 <<<'int cuInit(unsigned int f) { (void)f; return 100; } int cuDriverGetVersion(int *v) { *v = 0; return 100; }'
+    cuda_header "$prefix/targets/$CUDA_TARGET/include/cuda.h" "$cuda"
+    pkg_end
+
+    # cuBLAS: soname libcublas.so.MAJOR, as in NVIDIA's libcublas-MAJOR-MINOR packages.
+    pkg_begin "libcublas-$dashed" "$version" "$ARCH" libs "CUBLAS native runtime libraries"
+    rel Depends "cuda-toolkit-$dashed-config-common"
+    stub_library "$libdir/libcublas.so.$component" "libcublas.so.$major" <<<'int cublasCreate_v2(void **handle) { *handle = 0; return 1; }'
+    stub_library "$libdir/libcublasLt.so.$component" "libcublasLt.so.$major" <<<'int cublasLtCreate(void **handle) { *handle = 0; return 1; }'
+    put_link "$libdir/libcublas.so.$major" "libcublas.so.$component"
+    put_link "$libdir/libcublasLt.so.$major" "libcublasLt.so.$component"
+    pkg_end
+
+    pkg_begin "libcublas-dev-$dashed" "$version" "$ARCH" devel "CUBLAS native dev links, headers"
+    rel Depends "libcublas-$dashed (>= $component)"
+    put_link "$libdir/libcublas.so" "libcublas.so.$major"
+    put_link "$libdir/libcublasLt.so" "libcublasLt.so.$major"
+    cuda_header "$prefix/targets/$CUDA_TARGET/include/cublas_v2.h" "$cuda"
+    pkg_end
+
+    # The simulated compiler (cuda/nvcc beside this script): a build's CUDA branch runs to its end;
+    # device code becomes a record of its architectures, which the simulated cuobjdump lists.
     pkg_begin "cuda-nvcc-$dashed" "$version" "$ARCH" devel "CUDA nvcc"
     rel Depends "cuda-toolkit-$dashed-config-common"
-    # Answers version queries like the real nvcc and refuses to compile, so a test that reaches for
-    # it to build something fails loudly instead of pretending.
-    put "$prefix/bin/nvcc" 0755 <<EOF
-#!/bin/sh
-case "\$*" in
-    --version|-V)
-        cat <<'VERSION'
-nvcc: NVIDIA (R) Cuda compiler driver
-Copyright (c) 2005-${built_on: -4} NVIDIA Corporation
-Built on $built_on
-Cuda compilation tools, release $cuda, V$component
-Build $build
-VERSION
-        exit 0 ;;
-esac
-echo "mock nvcc: cannot compile: this is the simulated CUDA $cuda toolkit of the test harness (args: \$*)" >&2
-exit 1
+    rel Depends python3
+    put_file "$HERE/cuda/nvcc" "$prefix/bin/nvcc" 0755
+    put_file "$HERE/cuda/recorded/nvcc-11.8-v-compiler-id.txt" "$prefix/bin/.nvcc-simulated-v.txt" 0644
+    put "$prefix/bin/.nvcc-simulated.json" 0644 <<EOF
+{"release": "$cuda", "version": "$component", "built_on": "$built_on", "build": "$build", "target": "$CUDA_TARGET"}
 EOF
     put "$prefix/version.json" 0644 <<EOF
 {
@@ -376,9 +470,18 @@ EOF
 EOF
     pkg_end
 
+    pkg_begin "cuda-cuobjdump-$dashed" "$version" "$ARCH" devel "CUDA cuobjdump"
+    rel Depends python3
+    put_file "$HERE/cuda/cuobjdump" "$prefix/bin/cuobjdump" 0755
+    pkg_end
+
     pkg_begin "cuda-toolkit-$dashed" "$meta_version" "$ARCH" metapackages "CUDA Toolkit $cuda meta-package"
     rel Depends "cuda-nvcc-$dashed (>= $component)"
+    rel Depends "cuda-cuobjdump-$dashed (>= $component)"
     rel Depends "cuda-cudart-$dashed (>= $component)"
+    rel Depends "cuda-cudart-dev-$dashed (>= $component)"
+    rel Depends "cuda-driver-dev-$dashed (>= $component)"
+    rel Depends "libcublas-dev-$dashed (>= $component)"
     rel Depends "cuda-toolkit-$dashed-config-common (>= $component)"
     rel Depends "cuda-toolkit-config-common (>= $component)"
     pkg_end
@@ -494,7 +597,7 @@ index_repo() {
 input_hash() {
     {
         echo "arch=$ARCH"
-        (cd "$HERE" && sha256sum build-repo.sh packages.spec)
+        (cd "$HERE" && sha256sum build-repo.sh packages.spec cuda/nvcc cuda/cuobjdump cuda/recorded/*)
         # Mock NVML sources, minus build products left in the source tree.
         (cd "$MOCK_NVML_DIR" &&
             find . \( -name build -o -name __pycache__ -o -name '.*cache' \) -prune -o -type f \
