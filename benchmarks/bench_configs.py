@@ -65,19 +65,62 @@ def import_project():
 gguf_model, llama_plan, nvidia_gpu, loadtest = import_project()
 
 
-def role_renderer():
-    """roles/llama_server's own argument renderer, if importable."""
+def role_filters():
+    """roles/llama_server's filter module, if importable."""
     path = os.path.join(ROOT, "roles", "llama_server", "filter_plugins")
     if not os.path.isfile(os.path.join(path, "llama_server.py")):
         return None
     sys.path.insert(0, path)
     try:
         import llama_server
-        return llama_server.llama_server_args
+        return llama_server
     except Exception:  # being edited by others: fall back to the planner's own args
         return None
     finally:
         sys.path.remove(path)
+
+
+def role_renderer():
+    """roles/llama_server's own argument renderer, if importable."""
+    filters = role_filters()
+    return filters.llama_server_args if filters is not None else None
+
+
+def build_cuda_version(bin_dir, given=None):
+    """(backend, CUDA version) of the build in bin_dir: --cuda-version if given, else the
+    llama_cpp role's build record (BUILD.json beside bin/), else nvcc --version (CUDA_HOME,
+    then PATH) when the build links the CUDA backend; (backend, None) when unknown."""
+    if given:
+        return "cuda", given
+    record = os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "BUILD.json")
+    if os.path.isfile(record):
+        with open(record) as handle:
+            data = json.load(handle)
+        return data.get("backend"), data.get("cuda_version")
+    libdirs = [bin_dir, os.path.join(os.path.dirname(os.path.abspath(bin_dir)), "lib")]
+    if not any(os.path.exists(os.path.join(d, "libggml-cuda.so")) for d in libdirs):
+        return "unknown", None
+    for nvcc in (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"), "nvcc"):
+        try:
+            out = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(r"release (\d+\.\d+)", out.stdout.decode("utf-8", "replace"))
+        if match:
+            return "cuda", match.group(1)
+    return "cuda", None
+
+
+def cuda_environment(bin_dir, given_version, choice):
+    """What roles/llama_server adds to the unit's environment for this build
+    (CUDA_MODULE_LOADING=LAZY on CUDA >= 11.7), decided by the role's own filter."""
+    backend, version = build_cuda_version(bin_dir, given_version)
+    filters = role_filters()
+    if filters is None:
+        print("note: roles/llama_server's filters are not importable; CUDA_MODULE_LOADING left as it is",
+              file=sys.stderr)
+        return {}, backend, version
+    return filters.llama_server_environment({"backend": backend, "cuda_version": version}, choice), backend, version
 
 
 # --- NVML ---------------------------------------------------------------------
@@ -377,6 +420,11 @@ def main():
     p.add_argument("--out", default="bench-results.json")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--commit", default=None, help="llama.cpp commit (else what llama-server --version says)")
+    p.add_argument("--cuda-version", default=None,
+                   help="CUDA version of the build (else its BUILD.json, else nvcc --version)")
+    p.add_argument("--cuda-module-loading", default="auto", choices=["auto", "LAZY", "EAGER", ""],
+                   help="as roles/llama_server's llama_server_cuda_module_loading (auto: LAZY on CUDA >= 11.7); "
+                        "a CUDA_MODULE_LOADING already in the environment wins")
     args = p.parse_args()
 
     import pynvml
@@ -388,6 +436,13 @@ def main():
     host = nvidia_gpu.read_host(pynvml)
     gpu_facts = host["gpus"][args.gpu]
     env["CUDA_VISIBLE_DEVICES"] = gpu_facts["uuid"]
+    # the servers (and llama-bench, llama-fit-params) run with what the role's unit sets
+    cuda_env, backend, cuda_version = cuda_environment(args.bin_dir, args.cuda_version, args.cuda_module_loading)
+    for key, value in cuda_env.items():
+        env.setdefault(key, value)
+    print("build: %s, CUDA %s; CUDA_MODULE_LOADING=%s" % (backend, cuda_version or "?",
+                                                          env.get("CUDA_MODULE_LOADING", "(CUDA's default)")),
+          flush=True)
     gpu = Gpu(args.gpu)
     baseline = gpu.used_bytes()
     meta = gguf_model.read_model(args.model)
@@ -425,7 +480,9 @@ def main():
                                                     "power_limit_w", "cpu_affinity")),
         "gpu_memory_used_before_bytes": baseline,
         "driver_version": host["driver_version"], "cuda_driver_version": host["cuda_driver_version"],
-        "llama_cpp": {"version": version_text, "commit": args.commit},
+        "llama_cpp": {"version": version_text, "commit": args.commit, "backend": backend,
+                      "cuda_version": cuda_version},
+        "cuda_module_loading": env.get("CUDA_MODULE_LOADING"),
         "measured_bandwidth_gbs": args.bandwidth_gbs,
         "model": {k: meta.get(k) for k in ("model_path", "architecture", "name", "file_type", "block_count",
                                            "embedding_length", "feed_forward_length", "head_count", "head_count_kv",

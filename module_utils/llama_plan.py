@@ -18,9 +18,32 @@ GIB = 1 << 30
 
 # --- Memory model constants (docs/planning.md, "The memory model") -----------
 # CUDA context, cuBLAS workspace and the CUDA pool of one llama-server process,
-# beyond what llama.cpp reports for model, context and compute buffers: measured
-# 520-630 MiB on an H200 (FACTS.md); the middle of that range.
-CUDA_OVERHEAD_BYTES = 576 * MIB
+# beyond what llama.cpp reports for model, context and compute buffers, by the
+# CUDA major version of the build. What is measured and what is assumed:
+#
+#   CUDA    module loading as the roles run it           MiB  status
+#   13.x    lazy (CUDA's default since 12.2)               576  MEASURED: 520-630 MiB on an H200, a
+#                                                               one-arch (sm_90) build of the pinned
+#                                                               llama.cpp; the middle of that range.
+#                                                               EAGER there used 114 MiB more (26260
+#                                                               vs 26146 MiB, 32B Q4_K, -c 32768 -np 4).
+#   12.x    lazy: the default from 12.2; 12.0-12.1 get     576  ASSUMED equal to 13.x (not measured).
+#           CUDA_MODULE_LOADING=LAZY from the llama_server
+#           role
+#   11.x    eager by default; the role sets LAZY, which    576  ASSUMED equal to 13.x (not measured; the
+#           11.7+ honours (the fleet's 11.8)                    V100 fleet's toolkit). A V100 has fewer
+#                                                               SMs than an H200 (80 vs 132), so its
+#                                                               context is likely smaller.
+#   <11.7   eager: LAZY is not honoured                     --  not planned for: expect more than the
+#                                                               114 MiB measured on CUDA 13 for a
+#                                                               one-arch build, more with every arch
+#                                                               the build holds; raise policy.overhead_bytes.
+#
+# Eager loading (LAZY unset on 11.7-12.1, or llama_server_cuda_module_loading:
+# EAGER) costs more than the table; the roles do not plan for it. One value for
+# every major for now: the lookup is where a measured 11.8 figure goes.
+CUDA_OVERHEAD_MIB_BY_MAJOR = {11: 576, 12: 576, 13: 576}
+CUDA_OVERHEAD_BYTES = CUDA_OVERHEAD_MIB_BY_MAJOR[13] * MIB
 # What the driver keeps of the card before any process starts (NVML counts it as
 # used): a few hundred MiB on a V100 with R525; the harness profiles use 309 MiB.
 # Subtracted only where the reported total does not already leave it out
@@ -87,6 +110,21 @@ class PlanError(Exception):
 
 def gib(n):
     return "%.2f GiB" % (n / GIB)
+
+
+def cuda_overhead_bytes(cuda_version=None):
+    """Per-process CUDA overhead for a build of this CUDA version ('11.8', '13.0',
+    11; None: CUDA_OVERHEAD_BYTES). A major outside the table gets the nearest
+    known major's value (see the table at CUDA_OVERHEAD_MIB_BY_MAJOR)."""
+    if cuda_version is None or str(cuda_version).strip() == "":
+        return CUDA_OVERHEAD_BYTES
+    head = str(cuda_version).strip().split(".")[0]
+    if not head.isdigit():
+        raise PlanError("a CUDA version looks like 11.8 or 13.0, got %r" % (cuda_version,))
+    major = int(head)
+    known = sorted(CUDA_OVERHEAD_MIB_BY_MAJOR)
+    nearest = min(known, key=lambda k: (abs(k - major), -k))
+    return CUDA_OVERHEAD_MIB_BY_MAJOR[nearest] * MIB
 
 
 def _bool(value, name):

@@ -1,9 +1,22 @@
 # -*- coding: utf-8 -*-
 """Render a GPU plan into llama-server's command line, keeping only flags the
-installed build has (its --help, recorded by the llama_cpp stage)."""
+installed build has (its --help, recorded by the llama_cpp stage); and the
+host-dependent parts of its unit: the CPU list of the GPU's NUMA affinity, the
+CUDA environment the build needs, and the host's systemd version."""
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
+
+import re
+
+# CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
+# default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
+# module of every architecture at start unless told otherwise.
+CUDA_LAZY_LOADING_SINCE = (11, 7)
+CUDA_MODULE_LOADING_VALUES = ("LAZY", "EAGER")
+# The oldest systemd the roles support (Ubuntu 20.04: 245.4). A host whose version
+# cannot be read gets a unit with nothing newer than this.
+SYSTEMD_OLDEST_SUPPORTED = 245
 
 
 def _on_off(value):
@@ -70,6 +83,102 @@ def llama_server_instance(plan, base_port):
     return entry
 
 
+def _version_tuple(text):
+    """'11.8' / '12.2.140' / 13 -> (11, 8) / (12, 2) / (13, 0); None when there is none."""
+    match = re.match(r"\s*(\d+)(?:\.(\d+))?", str(text if text is not None else ""))
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+def llama_server_environment(llama_cpp_fact, cuda_module_loading="auto"):
+    """Environment variables llama-server needs beyond CUDA_VISIBLE_DEVICES, from
+    the llama_cpp stage's fact (backend, cuda_version).
+
+    cuda_module_loading: 'auto' sets CUDA_MODULE_LOADING=LAZY on a CUDA build of
+    11.7 or newer (on 11.7-12.1 that saves the memory of every kernel the process
+    never runs; from 12.2 it is CUDA's default and only made explicit); 'LAZY' or
+    'EAGER' force that value on any CUDA build; '' leaves CUDA's own default.
+    A CPU build gets nothing. Returns a dict (empty when nothing is needed)."""
+    fact = llama_cpp_fact or {}
+    choice = str(cuda_module_loading if cuda_module_loading is not None else "").strip()
+    if choice.upper() in CUDA_MODULE_LOADING_VALUES:
+        choice = choice.upper()
+    elif choice.lower() in ("auto", ""):
+        choice = choice.lower()
+    else:
+        raise ValueError("llama_server_cuda_module_loading must be auto, LAZY, EAGER or '' (CUDA's default), got %r"
+                         % cuda_module_loading)
+    if fact.get("backend") != "cuda" or choice == "":
+        return {}
+    if choice == "auto":
+        version = _version_tuple(fact.get("cuda_version"))
+        if version is None or version < CUDA_LAZY_LOADING_SINCE:
+            return {}
+        choice = "LAZY"
+    return {"CUDA_MODULE_LOADING": choice}
+
+
+def _cpu_ids(value):
+    """CPU ids from a list of ints or a Linux cpu list ('0-3,8,10-11'); a
+    Cpus_allowed_list line of /proc/<pid>/status is read too. Empty when there is
+    none."""
+    if value is None:
+        return set()
+    if isinstance(value, (list, tuple, set)):
+        return set(int(cpu) for cpu in value)
+    text = str(value)
+    match = re.search(r"Cpus_allowed_list:\s*(\S*)", text)
+    if match:
+        text = match.group(1)
+    if not re.match(r"^[\d\s,-]*$", text):
+        return set()
+    cpus = set()
+    for part in re.split(r"[\s,]+", text.strip()):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def llama_server_cpu_list(cpus, usable=None):
+    """The CPUs of a GPU's affinity (NVML's, a list of ids) as systemd's
+    CPUAffinity= takes them: ranges separated by spaces ('0-19 40-59').
+    usable: the CPUs this host lets processes run on (a list, a cpu list or
+    /proc/self/status; unread or empty: not applied); the affinity is cut to those,
+    since a mask without any usable CPU fails the start (status 242/CPU_AFFINITY).
+    '' when nothing is left, so the line is left out."""
+    ids = _cpu_ids(cpus)
+    usable_ids = _cpu_ids(usable)
+    if usable_ids:
+        ids &= usable_ids
+    runs = []
+    for cpu in sorted(ids):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return " ".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in runs)
+
+
+def llama_server_systemd_version(systemctl_version):
+    """The systemd version from `systemctl --version` ('systemd 245 (245.4-4ubuntu3.23)'),
+    or an int / ansible_facts['systemd']['version']. SYSTEMD_OLDEST_SUPPORTED when
+    it cannot be read, so the unit holds nothing newer than the oldest supported host."""
+    if isinstance(systemctl_version, int) and not isinstance(systemctl_version, bool):
+        return systemctl_version
+    match = re.search(r"\bsystemd\s+(\d+)", str(systemctl_version or "")) or \
+        re.match(r"\s*(\d+)\s*$", str(systemctl_version or ""))
+    return int(match.group(1)) if match else SYSTEMD_OLDEST_SUPPORTED
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llama_server_args": llama_server_args, "llama_server_instance": llama_server_instance}
+        return {
+            "llama_server_args": llama_server_args,
+            "llama_server_instance": llama_server_instance,
+            "llama_server_environment": llama_server_environment,
+            "llama_server_cpu_list": llama_server_cpu_list,
+            "llama_server_systemd_version": llama_server_systemd_version,
+        }
