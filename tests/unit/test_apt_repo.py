@@ -35,6 +35,9 @@ DRIVER_PACKAGES = ["nvidia-driver", "nvidia-utils", "libnvidia-compute", "nvidia
                    "nvidia-dkms", "nvidia-kernel-common"]
 
 # Every (package, version) the repository must hold, and nothing else.
+# What cuda-toolkit-X-Y pulls in: compiler, cuobjdump, runtime, dev files, cuBLAS.
+CUDA_COMPONENTS = ("cuda-nvcc", "cuda-cuobjdump", "cuda-cudart", "cuda-cudart-dev", "cuda-driver-dev",
+                   "libcublas", "libcublas-dev")
 EXPECTED_PACKAGES = {
     ("cuda-keyring", "1.1-1"),
     *((f"{name}-525", DRIVER_525) for name in DRIVER_PACKAGES),
@@ -43,13 +46,11 @@ EXPECTED_PACKAGES = {
     ("cuda-drivers-535", "535.129.03-1"),
     ("cuda-drivers", "535.129.03-1"),
     ("cuda-toolkit-11-8", "11.8.0-1"),
-    ("cuda-nvcc-11-8", "11.8.89-1"),
-    ("cuda-cudart-11-8", "11.8.89-1"),
+    *((f"{name}-11-8", "11.8.89-1") for name in CUDA_COMPONENTS),
     ("cuda-toolkit-11-8-config-common", "11.8.89-1"),
     ("cuda-toolkit-config-common", "11.8.89-1"),
     ("cuda-toolkit-12-2", "12.2.2-1"),
-    ("cuda-nvcc-12-2", "12.2.140-1"),
-    ("cuda-cudart-12-2", "12.2.140-1"),
+    *((f"{name}-12-2", "12.2.140-1") for name in CUDA_COMPONENTS),
     ("cuda-toolkit-12-2-config-common", "12.2.140-1"),
     ("cuda-toolkit-config-common", "12.2.140-1"),
     ("cuda-toolkit", "12.2.2-1"),
@@ -249,7 +250,8 @@ def test_every_package_carries_the_harness_control_fields(packages):
     ("cuda-drivers-535", "535.129.03-1", ["nvidia-driver-535 (>= 535.129.03)"]),
     ("cuda-drivers", "535.129.03-1", ["cuda-drivers-535 (= 535.129.03-1)"]),
     ("cuda-toolkit-11-8", "11.8.0-1",
-     ["cuda-nvcc-11-8 (>= 11.8.89)", "cuda-cudart-11-8 (>= 11.8.89)",
+     ["cuda-nvcc-11-8 (>= 11.8.89)", "cuda-cuobjdump-11-8 (>= 11.8.89)", "cuda-cudart-11-8 (>= 11.8.89)",
+      "cuda-cudart-dev-11-8 (>= 11.8.89)", "cuda-driver-dev-11-8 (>= 11.8.89)", "libcublas-dev-11-8 (>= 11.8.89)",
       "cuda-toolkit-11-8-config-common (>= 11.8.89)", "cuda-toolkit-config-common (>= 11.8.89)"]),
     ("cuda-toolkit", "12.2.2-1", ["cuda-toolkit-12-2 (>= 12.2.2)"]),
     ("libnccl-dev", PINNED_NCCL, [f"libnccl2 (= {PINNED_NCCL})"]),
@@ -404,16 +406,48 @@ def test_packaged_nvml_reports_its_driver_version(repo, tmp_path, version, drive
 
 @pytest.mark.parametrize("cuda, version, release", [("11.8", "11.8.89-1", "V11.8.89"),
                                                      ("12.2", "12.2.140-1", "V12.2.140")])
-def test_nvcc_stub_reports_its_version_and_refuses_to_compile(repo, tmp_path, cuda, version,
-                                                              release):
+def test_nvcc_reports_its_version(repo, tmp_path, cuda, version, release):
     root = extract(deb_path(repo, f"cuda-nvcc-{cuda.replace('.', '-')}", version), tmp_path)
     nvcc = root / f"usr/local/cuda-{cuda}/bin/nvcc"
     out = subprocess.run([str(nvcc), "--version"], check=True, capture_output=True, text=True).stdout
     assert f"Cuda compilation tools, release {cuda}, {release}" in out
-    compile_ = subprocess.run([str(nvcc), "-arch=sm_70", "x.cu"], capture_output=True, text=True)
-    assert compile_.returncode == 1
-    assert "mock nvcc: cannot compile" in compile_.stderr
     assert f'"version" : "{cuda}.' in (root / f"usr/local/cuda-{cuda}/version.json").read_text()
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "harness" / "apt_repo" / "cuda" / "recorded"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the simulated nvcc compiles host code with g++")
+def test_simulated_toolchain_builds_a_library_cuobjdump_lists_like_the_real_one(repo, tmp_path):
+    """Two device-code sources compiled for sm_70 and linked into a shared library:
+    cuobjdump --list-elf prints what the real cuobjdump 11.8 printed for the same
+    two sources (recorded/cuobjdump-11.8-list-elf.txt), the library needs the CUDA
+    runtime like a real one, and a file without device code gets the real answer."""
+    root = tmp_path / "root"
+    for name in CUDA_COMPONENTS:
+        extract(deb_path(repo, f"{name}-11-8", "11.8.89-1"), root)
+    bin_dir = root / "usr/local/cuda-11.8/bin"
+    lib_dir = root / "usr/local/cuda-11.8/targets/x86_64-linux/lib"
+    work = tmp_path / "work"
+    work.mkdir()
+    objects = []
+    for name, body in (("a", "x[threadIdx.x] *= 2"), ("b", "x[threadIdx.x] += 1")):
+        (work / f"{name}.cu").write_text("__global__ void k%s(float *x) { %s; }\n" % (name, body))
+        subprocess.run([str(bin_dir / "nvcc"), "--generate-code=arch=compute_70,code=[compute_70,sm_70]",
+                        "-Xcompiler=-fPIC", "-MD", "-MT", f"{name}.o", "-MF", f"{name}.o.d", "-x", "cu", "-c",
+                        f"{name}.cu", "-o", f"{name}.o"], cwd=work, check=True)
+        assert (work / f"{name}.o.d").read_text().startswith(f"{name}.o : ")
+        objects.append(f"{name}.o")
+    subprocess.run(["g++", "-shared", "-o", "libggml-cuda.so", *objects, f"-L{lib_dir}", "-lcudart"], cwd=work,
+                   check=True)
+    listing = subprocess.run([str(bin_dir / "cuobjdump"), "--list-elf", "libggml-cuda.so"], cwd=work,
+                             check=True, capture_output=True, text=True).stdout
+    assert listing == (RECORDED / "cuobjdump-11.8-list-elf.txt").read_text()
+    needed = subprocess.run(["readelf", "-d", str(work / "libggml-cuda.so")], capture_output=True, text=True).stdout
+    assert "[libcudart.so.11.0]" in needed
+    plain = subprocess.run([str(bin_dir / "cuobjdump"), "--list-elf", "/bin/sh"], capture_output=True, text=True)
+    assert plain.returncode == 255
+    assert plain.stderr == "cuobjdump info    : File '/bin/sh' does not contain device code\n"
 
 
 @pytest.mark.parametrize("version, numbers", [(PINNED_NCCL, (2, 15, 5)), (NEWER_NCCL, (2, 18, 3))])

@@ -446,7 +446,6 @@ EOF
     # device code becomes a record of its architectures, which the simulated cuobjdump lists.
     pkg_begin "cuda-nvcc-$dashed" "$version" "$ARCH" devel "CUDA nvcc"
     rel Depends "cuda-toolkit-$dashed-config-common"
-    rel Depends python3
     put_file "$HERE/cuda/nvcc" "$prefix/bin/nvcc" 0755
     put_file "$HERE/cuda/recorded/nvcc-11.8-v-compiler-id.txt" "$prefix/bin/.nvcc-simulated-v.txt" 0644
     put "$prefix/bin/.nvcc-simulated.json" 0644 <<EOF
@@ -471,7 +470,6 @@ EOF
     pkg_end
 
     pkg_begin "cuda-cuobjdump-$dashed" "$version" "$ARCH" devel "CUDA cuobjdump"
-    rel Depends python3
     put_file "$HERE/cuda/cuobjdump" "$prefix/bin/cuobjdump" 0755
     pkg_end
 

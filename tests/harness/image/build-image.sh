@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the base image of every simulated V100 host: Debian 12 (bookworm) with
-# systemd as PID 1, made locally with debootstrap + `docker import` because no
+# Build the base image of the simulated V100 hosts: Debian 12 (bookworm), or
+# Debian 11 (bullseye, the oldest release this machine's mirror serves: Python
+# 3.9, systemd 247, cmake 3.18), with systemd as PID 1, made locally with debootstrap + `docker import` because no
 # container registry is reachable. The image is tagged with a hash of its recipe
 # and reused while that hash is current, so reruns cost a second.
 #
-# Usage: build-image.sh [IMAGE]        (default: llm-fleet/host:bookworm)
+# Usage: build-image.sh [IMAGE [SUITE]]   (default: llm-fleet/host:bookworm bookworm)
 # Env:   DEBIAN_MIRROR  (default: http://deb.debian.org/debian)
 #        FORCE=1        rebuild even when current
 set -euo pipefail
@@ -12,14 +13,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 image=${1:-llm-fleet/host:bookworm}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-suite=bookworm
+suite=${2:-bookworm}
 
 list() { grep -v -e '^#' -e '^$' "$here/$1" | paste -sd, -; }
 installed=$(list installed-packages.txt)
 mirrored=$(list mirrored-packages.txt | tr , ' ')
 
-recipe_hash=$(cat "$here/build-image.sh" "$here/installed-packages.txt" \
-  "$here/mirrored-packages.txt" | sha256sum | cut -c1-12)
+recipe_hash=$( (echo "$suite"; cat "$here/build-image.sh" "$here/installed-packages.txt" \
+  "$here/mirrored-packages.txt") | sha256sum | cut -c1-12)
 versioned="${image%%:*}:${suite}-${recipe_hash}"
 
 if [ "${FORCE:-0}" != 1 ] && docker image inspect "$versioned" >/dev/null 2>&1; then
