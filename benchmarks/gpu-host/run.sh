@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The project's stage playbooks, unmodified, on one real GPU machine managed from
+# itself (local connection): the lent NVIDIA H200 (Ubuntu 24.04, CUDA 13 nvcc,
+# cmake/ninja in a Python env, no systemd, no apt mirror, no network).
+#
+#   nvidia_stack, gpu_tuning   --check --diff only: this machine's driver, clocks,
+#                              power limit and persistence are never changed
+#   fleet_common               for real: the project venv from a wheelhouse
+#   llama_cpp                  for real: CUDA build for the arch NVML reports
+#   model                      for real: plan from NVML, a random-weight 32B-shaped
+#                              Q4_K GGUF written here and catalogued by path
+#   llama_server               --check --diff: the drop-in it renders; its ExecStart
+#                              and Environment are then started here (no systemd)
+#   verify's load test         roles/verify/files/llm_fleet_loadtest.py against it
+#
+# Run from the repository root, as root, with:
+#   .whl/                      wheels of ansible-core 2.19 (+ resolvelib, cryptography,
+#                              cffi, pycparser) for this Python; jinja2, MarkupSafe,
+#                              PyYAML, packaging come from the machine's Python
+#   .gpuhost/wheelhouse/       wheels of roles/fleet_common/files/requirements-host.txt
+#   .gpuhost/collections.tar.gz  ansible_collections/ansible/posix (ansible.cfg's callbacks)
+#   .cache/harness/llama.cpp-0c1e57098bba.tar.gz  the pinned source
+# Results in $OUT (default /root/gpu-host-out).
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$REPO/benchmarks/gpu-host
+OUT=${OUT:-/root/gpu-host-out}
+WORK=${WORK:-/root/gpu-host}
+ARCHIVE=${ARCHIVE:-$REPO/.cache/harness/llama.cpp-0c1e57098bba.tar.gz}
+MODEL=${MODEL:-/var/lib/llm-fleet/staged/qwen2.5-32b-shape-q4_k-random.gguf}
+rm -f "$OUT/rc.txt"; mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
+cd "$REPO"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+T0=$SECONDS
+stamp() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*"; }
+
+# --- Ansible on this machine (the controller is the host) -------------------------
+stamp "install ansible-core from .whl"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl || exit 2
+tar -xzf .gpuhost/collections.tar.gz -C "$WORK/site" || exit 2
+export PYTHONPATH=$WORK/site ANSIBLE_COLLECTIONS_PATH=$WORK/site ANSIBLE_FORCE_COLOR=0
+export ANSIBLE_CACHE_PLUGIN_CONNECTION=$WORK/facts
+# No systemd here: a stand-in systemctl that only answers check-mode questions.
+export PATH=$HERE/bin:$PATH
+playbook() { python3 "$WORK/site/bin/ansible-playbook" -i "$HERE/inventory.yml" -e @"$HERE/vars.yml" -e @"$WORK/host-vars.yml" "$@"; }
+
+# --- The model file (in the background; gguf-py from the llama.cpp tree) ----------
+mkdir -p "$WORK/src"
+tar -xzf "$ARCHIVE" -C "$WORK/src" --strip-components=1 --wildcards '*/gguf-py/*' || exit 2
+if [ ! -f "$MODEL" ]; then
+  stamp "write the random-weight GGUF in the background"
+  ( PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" "$MODEL" && sha256sum "$MODEL" | cut -d' ' -f1 > "$MODEL.sha256" ) > "$OUT/model-write.log" 2>&1 &
+  MODEL_PID=$!
+else
+  MODEL_PID=
+fi
+
+# --- What an operator reads off this machine ---------------------------------------
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+tool_dir=$(dirname "$(command -v cmake)")
+# The host's Python for Ansible's own modules (config level: the roles' task-level
+# interpreter for the project venv must still win, which an extra var would not let it).
+export ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
+cat > "$WORK/host-vars.yml" <<YML
+llama_cpp_source_archive: $ARCHIVE
+llama_cpp_cuda_version: "$cuda_version"
+llama_cpp_cuda_home: $cuda_home
+llama_cpp_build_tool_dirs: [$tool_dir]
+fleet_common_pip_find_links: $REPO/.gpuhost/wheelhouse
+YML
+cp "$WORK/host-vars.yml" "$OUT/host-vars.yml"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,memory.used,clocks.max.sm,clocks.max.mem,power.limit,persistence_mode,compute_cap --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+
+# --- Stages -----------------------------------------------------------------------
+stamp "fleet_common (real: the project venv from the wheelhouse)"
+playbook "$HERE/fleet_common.yml" > "$OUT/stage-fleet_common.log" 2>&1; echo "fleet_common rc=$?" | tee -a "$OUT/rc.txt"
+
+stamp "llama_cpp (real: CUDA build) in the background; nvidia_stack and gpu_tuning --check --diff meanwhile"
+( s=$SECONDS; playbook playbooks/llama_cpp.yml > "$OUT/stage-llama_cpp.log" 2>&1; rc=$?
+  echo "llama_cpp rc=$rc seconds=$((SECONDS - s))" >> "$OUT/rc.txt" ) &
+BUILD_PID=$!
+ANSIBLE_CACHE_PLUGIN_CONNECTION=$WORK/facts-check playbook playbooks/nvidia_stack.yml --check --diff > "$OUT/stage-nvidia_stack-check.log" 2>&1
+echo "nvidia_stack(check) rc=$?" >> "$OUT/rc.txt"
+ANSIBLE_CACHE_PLUGIN_CONNECTION=$WORK/facts-check playbook playbooks/gpu_tuning.yml --check --diff > "$OUT/stage-gpu_tuning-check.log" 2>&1
+echo "gpu_tuning(check) rc=$?" >> "$OUT/rc.txt"
+[ -n "$MODEL_PID" ] && { wait "$MODEL_PID"; stamp "model written: $(tail -1 "$OUT/model-write.log")"; }
+wait "$BUILD_PID"
+stamp "$(tail -1 "$OUT/rc.txt")"
+grep -A12 'TASK \[llama_cpp : Report the build\]' "$OUT/stage-llama_cpp.log" | head -20
+
+fact=/etc/ansible/facts.d/llm_fleet_llama_cpp.fact
+if [ -f "$fact" ]; then
+  cp "$fact" "$OUT/llama_cpp.fact.json"
+  bin=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["install_dir"])' "$fact")
+  "$cuda_home/bin/cuobjdump" --list-elf "$bin/lib/libggml-cuda.so" > "$OUT/cuobjdump-list-elf.txt" 2>&1
+  ldd "$bin/bin/llama-server" > "$OUT/ldd-llama-server.txt" 2>&1
+  ldd "$bin/lib/libggml-cuda.so" > "$OUT/ldd-libggml-cuda.txt" 2>&1
+  "$bin/bin/llama-server" --version > "$OUT/llama-server-version.txt" 2>&1
+  "$bin/bin/llama-server" --help > "$OUT/llama-server-help.txt" 2>&1
+  cp "$bin/BUILD.json" "$OUT/BUILD.json"
+else
+  stamp "no llama.cpp fact: the llama_cpp stage failed"; tail -60 "$OUT/stage-llama_cpp.log"; exit 3
+fi
+
+# --- Model stage: the catalogue entry an operator writes for a staged file ----------
+sha=$(cat "$MODEL.sha256")
+cat >> "$WORK/host-vars.yml" <<YML
+llm_model_catalogue:
+  - quant: Q4_K
+    path: $MODEL
+    sha256: $sha
+    size_bytes: $(stat -c %s "$MODEL")
+YML
+stamp "model stage (real)"
+playbook playbooks/model.yml > "$OUT/stage-model.log" 2>&1; echo "model rc=$?" | tee -a "$OUT/rc.txt"
+cp /etc/llm-fleet/plan.json "$OUT/plan.json" 2>/dev/null || { tail -60 "$OUT/stage-model.log"; exit 4; }
+
+stamp "llama_server --check --diff (the drop-in it renders)"
+playbook playbooks/llama_server.yml --check --diff > "$OUT/stage-llama_server-check.log" 2>&1; echo "llama_server(check) rc=$?" | tee -a "$OUT/rc.txt"
+python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check.log" > "$OUT/units.json" || { tail -60 "$OUT/stage-llama_server-check.log"; exit 5; }
+
+# --- Start the rendered ExecStart with its Environment, then the load test ----------
+python3 - "$OUT/units.json" > "$WORK/start.sh" <<'PY'
+import json, shlex, sys
+units = json.load(open(sys.argv[1]))
+unit = units["0"]
+env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(unit["environment"].items()))
+print("exec env %s %s" % (env, unit["exec_start"]))
+PY
+cat "$WORK/start.sh" | tee "$OUT/exec-start.sh"
+port=$(python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))["0"]["argv"]; print(a[a.index("--port")+1])' "$OUT/units.json")
+stamp "start llama-server on :$port"
+setsid bash "$WORK/start.sh" > "$OUT/llama-server.log" 2>&1 < /dev/null &
+SERVER_PID=$!
+health() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())' "http://127.0.0.1:$port/health" 2>/dev/null; }
+for _ in $(seq 1 180); do health >/dev/null && break; sleep 1; done
+stamp "health: $(health)"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps.csv" 2>&1
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/nvidia-smi-compute-apps.csv" 2>&1
+cat "$OUT/nvidia-smi-compute-apps.csv"
+python3 roles/verify/files/llm_fleet_loadtest.py --url "http://127.0.0.1:$port" --streams 1,4,slots --n-predict 128 \
+  --budget-s 150 --strip-streams > "$OUT/loadtest.json" 2> "$OUT/loadtest.err"; echo "loadtest rc=$?" | tee -a "$OUT/rc.txt"
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps-after.csv" 2>&1
+kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
+python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+lt = json.load(open(os.path.join(out, "loadtest.json")))
+print(json.dumps({k: v for k, v in lt.items() if k != "levels"}, indent=1)[:1500])
+for level in lt.get("levels", []):
+    print({k: v for k, v in level.items() if not isinstance(v, (list, dict))})
+PY
+stamp "done"
