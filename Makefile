@@ -42,5 +42,5 @@ molecule-all: setup
 
 ## Not in CI (slow: ~21 min on 2 cores with an empty ccache; needs Debian's archive): llama.cpp's CUDA
 ## backend compiled for sm_70 with a real CUDA 11.8 toolchain, checked with cuobjdump.
-cuda-build-check:
+cuda-build-check: setup
 	@$(TIMED) cuda-build-check scripts/cuda-build-check.sh
