@@ -213,10 +213,18 @@ def test_check_mode_reports_a_new_source_and_changes_nothing(tmp_path, first_bui
 
 
 def test_a_changed_source_builds_once_and_switches_every_host(tmp_path, first_build):
+    """Also the path of a build host whose cmake is too old (Ubuntu 20.04's 3.16):
+    llama_cpp_cmake_from_pip: always puts the cmake wheel (from the fleet's
+    wheelhouse) into the build venv and the build runs with it."""
+    assert first_build["build_tools"]["cmake"]["path"] == "/usr/bin/cmake"
     patch = make_patch(tmp_path, "changed-usage.patch", changed_usage)
-    result, _ = converge(tmp_path, llama_cpp_patches=[patch])
+    result, _ = converge(tmp_path, llama_cpp_patches=[patch], llama_cpp_cmake_from_pip="always")
     assert result.returncode == 0, result.stdout[-3000:]
     new = fact(BUILDER)
+    venv = "/var/cache/llm-fleet/build-venv"
+    assert new["build_tools"]["cmake"]["path"] == venv + "/bin/cmake", new["build_tools"]
+    assert new["build_tools"]["cmake"]["version"] == node(BUILDER).check_output("%s/bin/cmake --version", venv).split()[2]
+    assert "cmake %s/bin/cmake" % venv in node(BUILDER).check_output("grep '^== cmake ' %s", BUILD_LOG)
     old_key, new_key = first_build["build_key"], new["build_key"]
     assert new_key != old_key and new_key.startswith(COMMIT[:9] + "-cuda-sm70-")
     # ccache: only the patched file (and nothing else) was compiled again.
