@@ -61,14 +61,36 @@ tests/harness/image/build-image.sh
 step "local NVIDIA apt mirror"
 tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
 
-wheel_hash=$(sha256sum roles/fleet_common/files/requirements-host.txt | cut -c1-16)
+# The test hosts run Debian 12 (Python 3.11) and Debian 11 (3.9): one wheelhouse holds
+# the wheels of both; a host's `pip install --no-index --find-links` takes the pins
+# its own Python's markers select and the wheels tagged for it. pip download
+# evaluates markers for the Python running it, so host-requirements.py selects the
+# lines per version. manylinux2014 wheels only: they also install with Ubuntu
+# 20.04's pip 20.0.2, which predates the manylinux_2_X tags.
+wheel_pythons="3.9 3.11"
+wheel_hash=$( (cat roles/fleet_common/files/requirements-host.txt scripts/host-requirements.py; echo "$wheel_pythons") \
+  | sha256sum | cut -c1-16)
 if [ "$(cat "$harness_cache/wheelhouse/.hash" 2>/dev/null)" != "$wheel_hash" ]; then
-  step "host wheelhouse (roles/fleet_common/files/requirements-host.txt)"
+  step "host wheelhouse (roles/fleet_common/files/requirements-host.txt, Python $wheel_pythons)"
   rm -rf "$harness_cache/wheelhouse"
-  # The test hosts run Debian 12's Python 3.11, the same as this machine's venv.
-  "$venv/bin/pip" download -q --only-binary :all: --python-version 3.11 \
-    -d "$harness_cache/wheelhouse" -r roles/fleet_common/files/requirements-host.txt
+  mkdir -p "$harness_cache/wheelhouse"
+  for py in $wheel_pythons; do
+    "$venv/bin/python" scripts/host-requirements.py --python-version "$py" \
+      > "$harness_cache/wheelhouse/.requirements-$py.txt"
+    "$venv/bin/pip" download -q --only-binary :all: --python-version "$py" --implementation cp \
+      --platform manylinux2014_x86_64 -d "$harness_cache/wheelhouse" \
+      -r "$harness_cache/wheelhouse/.requirements-$py.txt"
+  done
   echo "$wheel_hash" > "$harness_cache/wheelhouse/.hash"
+fi
+# The cmake wheel the llama_cpp role installs into a build venv where the OS's
+# cmake is older than the pinned llama.cpp needs (Ubuntu 20.04); the llama_cpp
+# scenario walks that path with llama_cpp_cmake_from_pip: always.
+cmake_wheel=$(sed -n 's/^llama_cpp_cmake_pip_version: "\(.*\)"$/\1/p' roles/llama_cpp/defaults/main.yml)
+if ! ls "$harness_cache/wheelhouse"/cmake-"$cmake_wheel"-*.whl >/dev/null 2>&1; then
+  step "cmake $cmake_wheel wheel for the build venv"
+  "$venv/bin/pip" download -q --no-deps --only-binary :all: --platform manylinux2014_x86_64 \
+    --python-version 3.9 --implementation cp -d "$harness_cache/wheelhouse" "cmake==$cmake_wheel"
 fi
 # --- 5. llama.cpp source archive (roles/llama_cpp tests) ----------------------
 # [llama_cpp] The llama.cpp tree of the llama-cpp-python 0.3.36 sdist, as the
