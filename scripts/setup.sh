@@ -56,8 +56,9 @@ if [ "$(cat "$venv/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
 fi
 
 # --- 4. Simulated fleet: image, NVIDIA apt mirror, wheelhouse ------------------
-step "simulated host image"
-tests/harness/image/build-image.sh
+step "simulated host images (Debian 12, and Debian 11 for the oldest-OS host of the fleet scenario)"
+tests/harness/image/build-image.sh llm-fleet/host:bookworm bookworm
+tests/harness/image/build-image.sh llm-fleet/host:bullseye bullseye
 step "local NVIDIA apt mirror"
 tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
 
