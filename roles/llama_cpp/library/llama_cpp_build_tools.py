@@ -23,7 +23,7 @@ options:
   cmake_min_version: {type: str, default: "3.18", description: Oldest CMake the build accepts.}
   cmake_from_pip: {type: str, default: auto, choices: [auto, always, never], description: Where CMake comes from (above).}
   cmake_pip_version: {type: str, required: true, description: The version of the cmake wheel installed into I(venv).}
-  ccache: {type: bool, default: true, description: Use ccache where it is installed; false, never.}
+  ccache: {type: bool, default: true, description: "Use ccache where it is installed; false, never."}
 """
 
 RETURN = r"""
@@ -32,8 +32,8 @@ cmake_pip: {description: The cmake wheel must be installed into the build venv f
 cmake_candidates: {description: Every cmake found with its version (the venv's too)., type: list, returned: always}
 ninja: {description: "The Ninja the build runs: path, version; null when none is found.", type: dict, returned: always}
 ccache: {description: "The ccache the build uses: path, version; null when disabled or not installed.", type: dict, returned: always}
-path_dirs: {description: The chosen tools' directories, in order, to put first on the build's PATH., type: list, returned: always}
-problems: {description: What stops a build (no cmake new enough and the wheel not allowed, no ninja)., type: list, returned: always}
+path_dirs: {description: "The chosen tools' directories, in order, to put first on the build's PATH.", type: list, returned: always}
+problems: {description: "What stops a build (no cmake new enough and the wheel not allowed, no ninja).", type: list, returned: always}
 """
 
 import os
