@@ -18,18 +18,11 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
-import numpy as np
-
-import gguf
-
-QK_K = 256
-Q4_K_BLOCK_BYTES = 144
-
-QWEN25_32B = {
-    "arch": "qwen2", "n_layer": 64, "n_embd": 5120, "n_head": 40, "n_head_kv": 8, "head_dim": 128,
-    "n_ff": 27648, "n_vocab": 152064, "n_ctx": 32768, "rope_theta": 1000000.0, "eps": 1e-6,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "harness"))  # see tests/harness/paths.py
+import gguf  # noqa: E402
+from gguf_writer import QWEN25_32B, add_q4k_tensor_info, add_spm_vocab, dense_tensors, stream_random_q4k  # noqa: E402
 
 
 def vocabulary(n_vocab):
@@ -51,47 +44,10 @@ def vocabulary(n_vocab):
     return tokens[:n_vocab], scores[:n_vocab], types[:n_vocab]
 
 
-def block_pool(n_bytes, seed=0):
-    """Random Q4_K blocks: d = 2^-10 and dmin = 2^-12 (f16), random 6-bit scales and 4-bit quants."""
-    rng = np.random.default_rng(seed)
-    n_blocks = (n_bytes + Q4_K_BLOCK_BYTES - 1) // Q4_K_BLOCK_BYTES
-    pool = rng.integers(0, 256, size=(n_blocks, Q4_K_BLOCK_BYTES), dtype=np.uint8)
-    pool[:, 0:2] = np.frombuffer(np.float16(2.0 ** -10).tobytes(), dtype=np.uint8)
-    pool[:, 2:4] = np.frombuffer(np.float16(2.0 ** -12).tobytes(), dtype=np.uint8)
-    return pool.reshape(-1)
-
-
-def tensor_plan(shape):
-    """[(name, numpy shape (rows, cols), kind)] of the qwen2 tensors; kind q4k or f32."""
-    e, kv, ff, v = shape["n_embd"], shape["n_head_kv"] * shape["head_dim"], shape["n_ff"], shape["n_vocab"]
-    q = shape["n_head"] * shape["head_dim"]
-    out = [("token_embd.weight", (v, e), "q4k")]
-    for i in range(shape["n_layer"]):
-        p = "blk.%d." % i
-        out += [
-            (p + "attn_norm.weight", (e,), "norm"),
-            (p + "attn_q.weight", (q, e), "q4k"), (p + "attn_q.bias", (q,), "bias"),
-            (p + "attn_k.weight", (kv, e), "q4k"), (p + "attn_k.bias", (kv,), "bias"),
-            (p + "attn_v.weight", (kv, e), "q4k"), (p + "attn_v.bias", (kv,), "bias"),
-            (p + "attn_output.weight", (e, q), "q4k"),
-            (p + "ffn_norm.weight", (e,), "norm"),
-            (p + "ffn_gate.weight", (ff, e), "q4k"),
-            (p + "ffn_up.weight", (ff, e), "q4k"),
-            (p + "ffn_down.weight", (e, ff), "q4k"),
-        ]
-    out += [("output_norm.weight", (e,), "norm"), ("output.weight", (v, e), "q4k")]
-    return out
-
-
-def q4k_bytes(rows, cols):
-    if cols % QK_K:
-        raise ValueError("Q4_K rows must be a multiple of %d values, got %d" % (QK_K, cols))
-    return rows * cols // QK_K * Q4_K_BLOCK_BYTES
-
-
 def write(path, shape=None, name="random Qwen2.5-32B-shaped Q4_K (llm-fleet benchmark)", seed=0):
     shape = dict(QWEN25_32B, **(shape or {}))
-    tensors = tensor_plan(shape)
+    tensors = dense_tensors(shape["n_layer"], shape["n_embd"], shape["n_head"], shape["n_head_kv"],
+                            shape["head_dim"], shape["n_ff"], shape["n_vocab"], bias=True)
     writer = gguf.GGUFWriter(path, shape["arch"])
     writer.add_name(name)
     writer.add_context_length(shape["n_ctx"])
@@ -104,44 +60,12 @@ def write(path, shape=None, name="random Qwen2.5-32B-shaped Q4_K (llm-fleet benc
     writer.add_layer_norm_rms_eps(shape["eps"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     tokens, scores, types = vocabulary(shape["n_vocab"])
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
-
-    biggest = 0
-    for tname, tshape, kind in tensors:
-        if kind == "q4k":
-            nbytes = q4k_bytes(*tshape)
-            biggest = max(biggest, nbytes)
-            writer.add_tensor_info(tname, (tshape[0], nbytes // tshape[0]), np.dtype(np.uint8), nbytes,
-                                   raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-        else:
-            writer.add_tensor_info(tname, tshape, np.dtype(np.float32), int(np.prod(tshape)) * 4)
+    add_spm_vocab(writer, tokens, scores, types)
+    biggest = add_q4k_tensor_info(writer, tensors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-
-    pool = block_pool(biggest + 64 * Q4_K_BLOCK_BYTES, seed)
-    rng = np.random.default_rng(seed + 1)
-    offset = 0
-    total = 0
-    for tname, tshape, kind in tensors:
-        if kind == "q4k":
-            nbytes = q4k_bytes(*tshape)
-            # rotate the start (whole blocks) so tensors are not byte-identical
-            offset = (offset + 7 * Q4_K_BLOCK_BYTES) % (len(pool) - nbytes + 1) // Q4_K_BLOCK_BYTES * Q4_K_BLOCK_BYTES
-            data = pool[offset:offset + nbytes]
-        elif kind == "norm":
-            data = np.ones(tshape, dtype=np.float32)
-        else:
-            data = (rng.standard_normal(tshape) * 0.01).astype(np.float32)
-        writer.write_tensor_data(data)
-        total += data.nbytes
+    total = stream_random_q4k(writer, tensors, biggest, seed)
     writer.close()
     return total
 

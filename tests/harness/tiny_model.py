@@ -10,6 +10,8 @@ import argparse
 import numpy as np
 import gguf
 
+from gguf_writer import add_random_f32, add_spm_vocab, dense_tensors  # tests/harness: beside this file
+
 WORDS = ["the", "of", "and", "to", "in", "is", "capital", "France", "Paris", "model", "GPU", "fast",
          "hello", "world", "llama", "server", "token", "test", "yes", "no"]
 
@@ -45,32 +47,8 @@ def write(path, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=409
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
-
-    def tensor(name, *shape):
-        # gguf-py takes numpy shapes (rows, cols); llama.cpp reads them reversed.
-        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
-
-    tensor("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layer):
-        writer.add_tensor("blk.%d.attn_norm.weight" % i, np.ones(n_embd, dtype=np.float32))
-        tensor("blk.%d.attn_q.weight" % i, n_embd, n_embd)
-        tensor("blk.%d.attn_k.weight" % i, n_head_kv * head_dim, n_embd)
-        tensor("blk.%d.attn_v.weight" % i, n_head_kv * head_dim, n_embd)
-        tensor("blk.%d.attn_output.weight" % i, n_embd, n_embd)
-        writer.add_tensor("blk.%d.ffn_norm.weight" % i, np.ones(n_embd, dtype=np.float32))
-        tensor("blk.%d.ffn_gate.weight" % i, n_ff, n_embd)
-        tensor("blk.%d.ffn_up.weight" % i, n_ff, n_embd)
-        tensor("blk.%d.ffn_down.weight" % i, n_embd, n_ff)
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    tensor("output.weight", n_vocab, n_embd)
+    add_spm_vocab(writer, tokens, scores, types)
+    add_random_f32(writer, dense_tensors(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab), rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

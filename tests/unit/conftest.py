@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The one way tests import project code: tests/harness on sys.path (see tests/harness/paths.py).
+sys.path.insert(0, str(ROOT / "tests" / "harness"))
 MOCK_DIR = ROOT / "tests" / "harness" / "mock_nvml"
 PROFILE_DIR = MOCK_DIR / "profiles"
 

@@ -1,4 +1,4 @@
-"""Synthetic GGUF models for the unit tests, written with gguf-py's GGUFWriter.
+"""Synthetic GGUF models for the unit tests, written sparse by tests/harness/gguf_writer.py.
 
 The headers and tensor tables are real (real shapes and quantization types, so
 the tensor table's byte counts are those of the real model), but no weight is
@@ -16,82 +16,21 @@ Shapes (ggml order: ne0 first, as llama.cpp and the tensor table list them):
   embedding 5376, ffn 21504, vocab 262208, sliding window 1024 on 5 of every 6
   layers, tied embeddings.
 """
-import math
+import sys
 from pathlib import Path
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))  # conftest does it too
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf_writer import (F32, RECIPES, dense_32b, dense_tensors, ffn_tensors, file_type,  # noqa: E402,F401
+                         quantize, tensor_nbytes, use_more_bits, write_sparse)
 
-F32 = Q.F32
-
-
-def use_more_bits(i, n):
-    """llama.cpp's rule for the layers whose attn_v/ffn_down get more bits in *_M quants."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-RECIPES = {
-    # ftype: (base type, type of attn_v/ffn_down in use_more_bits layers, output, token_embd)
-    "Q3_K_S": (Q.Q3_K, Q.Q3_K, Q.Q6_K, Q.Q3_K),
-    "Q4_K_M": (Q.Q4_K, Q.Q6_K, Q.Q6_K, Q.Q4_K),
-    "Q5_K_M": (Q.Q5_K, Q.Q6_K, Q.Q6_K, Q.Q5_K),
-    "Q8_0": (Q.Q8_0, Q.Q8_0, Q.Q8_0, Q.Q8_0),
-}
-
-
-def tensor_nbytes(ne, qtype):
-    block, size = GGML_QUANT_SIZES[qtype]
-    n = math.prod(ne)
-    assert n % block == 0, (ne, qtype)
-    return n // block * size
-
-
-def _add_kv(writer, key, value):
-    if isinstance(value, bool):
-        writer.add_bool(key, value)
-    elif isinstance(value, int):
-        writer.add_uint32(key, value)
-    elif isinstance(value, float):
-        writer.add_float32(key, value)
-    elif isinstance(value, str):
-        writer.add_string(key, value)
-    elif isinstance(value, (list, tuple)):
-        writer.add_array(key, list(value))
-    else:
-        raise TypeError(key)
-
-
-def write_gguf(path, arch, kv, tensors, split_max_tensors=0):
-    """Write a sparse GGUF file (or split set): kv is {key: value} (ints as
-    uint32), tensors is [(name, ne (ggml order), GGMLQuantizationType)].
-    Returns the list of files written."""
-    path = Path(path)
-    writer = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    for key, value in kv.items():
-        _add_kv(writer, key, value)
-    for name, ne, qtype in tensors:
-        writer.add_tensor_info(name, tuple(reversed(ne)), np.float32, tensor_nbytes(ne, qtype), raw_dtype=qtype)
-    files = writer.format_shard_names(path)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    align = writer.data_alignment
-    for fout, shard in zip(writer.fout, writer.tensors):
-        writer.write_padding(fout, fout.tell())
-        data = sum(GGUFWriter.ggml_pad(ti.nbytes, align) for ti in shard.values())
-        fout.truncate(fout.tell() + data)  # sparse: the weights are holes
-    writer.close()
-    return files
-
-
-def _ftype(label):
-    return int(getattr(LlamaFileType, "MOSTLY_" + label))
+write_gguf = write_sparse  # the name the tests know
 
 
 def _common_kv(arch, name, ftype, n_layer, n_ctx, n_embd, n_ff, n_head, n_head_kv):
     return {
         "general.name": name,
-        "general.file_type": _ftype(ftype),
+        "general.file_type": file_type(ftype),
         "%s.block_count" % arch: n_layer,
         "%s.context_length" % arch: n_ctx,
         "%s.embedding_length" % arch: n_embd,
@@ -102,34 +41,8 @@ def _common_kv(arch, name, ftype, n_layer, n_ctx, n_embd, n_ff, n_head, n_head_k
 
 
 def _ffn(i, n_layer, n_embd, n_ff, base, more):
-    return [
-        ("blk.%d.ffn_norm.weight" % i, (n_embd,), F32),
-        ("blk.%d.ffn_gate.weight" % i, (n_embd, n_ff), base),
-        ("blk.%d.ffn_up.weight" % i, (n_embd, n_ff), base),
-        ("blk.%d.ffn_down.weight" % i, (n_ff, n_embd), more if use_more_bits(i, n_layer) else base),
-    ]
-
-
-def dense_32b(path, ftype="Q4_K_M", split_max_tensors=0, n_layer=64):
-    """Qwen2.5-32B-shaped dense GQA model."""
-    arch, n_embd, n_ff, n_head, n_head_kv, hd, vocab = "qwen2", 5120, 27648, 40, 8, 128, 152064
-    base, more, out_t, embd_t = RECIPES[ftype]
-    kv = _common_kv(arch, "Qwen2.5-32B-synthetic", ftype, n_layer, 32768, n_embd, n_ff, n_head, n_head_kv)
-    kv["%s.attention.layer_norm_rms_epsilon" % arch] = 1e-6
-    tensors = [("token_embd.weight", (n_embd, vocab), embd_t)]
-    for i in range(n_layer):
-        tensors += [
-            ("blk.%d.attn_norm.weight" % i, (n_embd,), F32),
-            ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd), base),
-            ("blk.%d.attn_q.bias" % i, (n_head * hd,), F32),
-            ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
-            ("blk.%d.attn_k.bias" % i, (n_head_kv * hd,), F32),
-            ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
-            ("blk.%d.attn_v.bias" % i, (n_head_kv * hd,), F32),
-            ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
-        ] + _ffn(i, n_layer, n_embd, n_ff, base, more)
-    tensors += [("output_norm.weight", (n_embd,), F32), ("output.weight", (n_embd, vocab), out_t)]
-    return write_gguf(path, arch, kv, tensors, split_max_tensors=split_max_tensors)
+    return [(name, ne, (more if use_more_bits(i, n_layer) else base) if role == "more" else
+             F32 if role == "norm" else base) for name, ne, role, _ in ffn_tensors(i, n_embd, n_ff)]
 
 
 def hybrid_27b(path, ftype="Q4_K_M"):
@@ -184,7 +97,7 @@ def gemma3_27b(path, ftype="Q4_K_M", write_pattern=False):
     """Gemma-3-27B-shaped: sliding window 1024 on 5 of every 6 layers, tied embeddings."""
     arch, n_layer, n_embd, n_ff, vocab = "gemma3", 62, 5376, 21504, 262208
     n_head, n_head_kv, hd = 32, 16, 128
-    base, more, _, embd_t = RECIPES[ftype]
+    embd_t = RECIPES[ftype][3]
     kv = _common_kv(arch, "Gemma-3-27B-synthetic", ftype, n_layer, 131072, n_embd, n_ff, n_head, n_head_kv)
     kv.update({
         "%s.attention.key_length" % arch: hd,
@@ -193,16 +106,8 @@ def gemma3_27b(path, ftype="Q4_K_M", write_pattern=False):
     })
     if write_pattern:
         kv["%s.attention.sliding_window_pattern" % arch] = 6
-    tensors = [("token_embd.weight", (n_embd, vocab), Q.Q6_K if embd_t != Q.Q8_0 else embd_t)]
-    for i in range(n_layer):
-        tensors += [
-            ("blk.%d.attn_norm.weight" % i, (n_embd,), F32),
-            ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd), base),
-            ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
-            ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
-            ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
-        ] + _ffn(i, n_layer, n_embd, n_ff, base, more)
-    tensors += [("output_norm.weight", (n_embd,), F32)]  # no output.weight: tied to token_embd
+    tensors = quantize(dense_tensors(n_layer, n_embd, n_head, n_head_kv, hd, n_ff, vocab, tied=True),  # tied output
+                       ftype, n_layer, embd_type=Q.Q6_K if embd_t != Q.Q8_0 else embd_t)
     return write_gguf(path, arch, kv, tensors)
 
 

@@ -3,7 +3,7 @@
 
 The catalogue describes Qwen2.5-32B honestly where the plan is concerned: each
 quantization's size_bytes is the size of a real-shaped file (written sparse by
-tests/unit/gguf_fixtures.py, never read), and metadata is what gguf_info reads
+tests/harness/gguf_writer.py, never read), and metadata is what gguf_info reads
 from that file's header. Downloading 14-23 GB per test host is not possible
 here, so each entry's files are small stand-ins: real GGUF files (llama
 architecture, the same quantization types, 4 layers), whose own sha256 and
@@ -21,14 +21,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "harness"))  # the one way in: tests/harness/paths.py
 
-import gguf_fixtures  # noqa: E402
-from gguf import LlamaFileType  # noqa: E402
-from gguf_fixtures import F32, RECIPES, use_more_bits, write_gguf  # noqa: E402
+import paths  # noqa: E402
+from gguf_writer import dense_32b, dense_tensors, file_type, quantize, write_sparse  # noqa: E402
 
-import ansible.module_utils  # noqa: E402
-ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+paths.use_module_utils()
 from ansible.module_utils.gguf_model import read_model  # noqa: E402
 
 QUANTS = ("Q3_K_S", "Q4_K_M", "Q5_K_M", "Q8_0")
@@ -37,11 +35,10 @@ QUANTS = ("Q3_K_S", "Q4_K_M", "Q5_K_M", "Q8_0")
 def standin(path, ftype):
     """A small real GGUF of the same quantization (a few MiB, sparse)."""
     arch, n_layer, n_embd, n_ff, n_head, n_head_kv, vocab = "llama", 4, 512, 1536, 8, 4, 8192
-    base, more, out_t, embd_t = RECIPES[ftype]
     hd = n_embd // n_head
     kv = {
         "general.name": "stand-in for Qwen2.5-32B-Instruct %s" % ftype,
-        "general.file_type": int(getattr(LlamaFileType, "MOSTLY_" + ftype)),
+        "general.file_type": file_type(ftype),
         "%s.block_count" % arch: n_layer,
         "%s.context_length" % arch: 32768,
         "%s.embedding_length" % arch: n_embd,
@@ -50,21 +47,8 @@ def standin(path, ftype):
         "%s.attention.head_count_kv" % arch: n_head_kv,
         "%s.attention.layer_norm_rms_epsilon" % arch: 1e-6,
     }
-    tensors = [("token_embd.weight", (n_embd, vocab), embd_t)]
-    for i in range(n_layer):
-        tensors += [
-            ("blk.%d.attn_norm.weight" % i, (n_embd,), F32),
-            ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd), base),
-            ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
-            ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
-            ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
-            ("blk.%d.ffn_norm.weight" % i, (n_embd,), F32),
-            ("blk.%d.ffn_gate.weight" % i, (n_embd, n_ff), base),
-            ("blk.%d.ffn_up.weight" % i, (n_embd, n_ff), base),
-            ("blk.%d.ffn_down.weight" % i, (n_ff, n_embd), more if use_more_bits(i, n_layer) else base),
-        ]
-    tensors += [("output_norm.weight", (n_embd,), F32), ("output.weight", (n_embd, vocab), out_t)]
-    return write_gguf(path, arch, kv, tensors)[0]
+    tensors = quantize(dense_tensors(n_layer, n_embd, n_head, n_head_kv, hd, n_ff, vocab), ftype, n_layer)
+    return write_sparse(path, arch, kv, tensors)[0]
 
 
 def sha256(path):
@@ -82,7 +66,7 @@ def main(outdir, mirror_url):
     catalogue = []
     with tempfile.TemporaryDirectory() as tmp:
         # The real shape, once per quantization: sizes and metadata for the plan.
-        real = dict((q, read_model(str(gguf_fixtures.dense_32b(Path(tmp) / ("qwen2.5-32b-%s.gguf" % q), q)[0])))
+        real = dict((q, read_model(str(dense_32b(Path(tmp) / ("qwen2.5-32b-%s.gguf" % q), q)[0])))
                     for q in QUANTS)
     shape = dict((k, v) for k, v in real["Q4_K_M"].items() if k not in ("model_path", "files"))
     for quant in QUANTS:
