@@ -56,9 +56,14 @@ if [ "$(cat "$venv/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
 fi
 
 # --- 4. Simulated fleet: image, NVIDIA apt mirror, wheelhouse ------------------
-step "simulated host images (Debian 12, and Debian 11 for the oldest-OS host of the fleet scenario)"
+step "simulated host image (Debian 12)"
 tests/harness/image/build-image.sh llm-fleet/host:bookworm bookworm
-tests/harness/image/build-image.sh llm-fleet/host:bullseye bullseye
+# Debian 11 only for the scenario that runs it (make molecule SCENARIO=fleet_debian11).
+case " ${SCENARIO:-} ${SCENARIOS:-} " in
+  *" fleet_debian11 "*)
+    step "simulated host image (Debian 11)"
+    tests/harness/image/build-image.sh llm-fleet/host:bullseye bullseye ;;
+esac
 step "local NVIDIA apt mirror"
 tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
 
