@@ -5,10 +5,10 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-SCENARIO ?= default
+SCENARIO ?= fleet
 # Scenarios `make test` runs, in order: llama_cpp compiles first, so the
 # scenarios after it install its artifact (the controller keeps it) instead of compiling.
-SCENARIOS ?= nvidia_stack gpu_tuning llama_cpp model llama_server default fleet
+SCENARIOS ?= nvidia_stack gpu_tuning llama_cpp model llama_server fleet
 TIMED := scripts/timed.sh
 
 .PHONY: setup demo demo-down test lint unit molecule molecule-all syntax cuda-build-check

@@ -1,4 +1,5 @@
-"""One V100-SXM2-32GB host after site.yml."""
+"""Every host after site.yml (check mode ran first on the new hosts: the scenario's
+check step, which used to be the default scenario's)."""
 
 
 def test_host_is_up_with_no_failed_units(host):
