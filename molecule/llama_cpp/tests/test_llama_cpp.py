@@ -20,7 +20,7 @@ import pytest
 import testinfra
 import yaml
 
-from hostprobe import recap, run_playbook
+from hostprobe import harness_group_vars, recap, run_playbook
 
 HOSTS = ["lcpp-1-sxm2-32gb", "lcpp-2-sxm2-16gb", "lcpp-3-pcie-16gb"]
 BUILDER = HOSTS[0]  # the first host of the play compiles
@@ -343,7 +343,8 @@ def test_a_build_without_the_gpus_architecture_is_refused_and_the_running_build_
     the architectures (sm_75 for V100s that need sm_70) compiles, fails the
     cuobjdump check on every host, is removed, and every host keeps its build."""
     running = {name: current(name) for name in HOSTS}
-    result, _ = converge(tmp_path, llama_cpp_cmake_options={"CMAKE_CUDA_ARCHITECTURES": "75"})
+    options = dict(harness_group_vars().get("llama_cpp_cmake_options", {}), CMAKE_CUDA_ARCHITECTURES="75")
+    result, _ = converge(tmp_path, llama_cpp_cmake_options=options)
     assert result.returncode != 0
     assert "has no code for sm_70" in result.stdout and "cubins are for sm_75" in result.stdout
     assert "it was not installed" in result.stdout
