@@ -41,7 +41,8 @@ def test_fact_has_plausible_figures(name):
         for c, level in levels.items():
             assert level["errors"] == [] and level["streams_ok"] == c
             assert level["tokens"] == c * inst["n_predict"]  # ignore_eos: exactly n_predict each
-        assert inst["ceiling_ratio"] is not None and 0 < inst["ceiling_ratio"] < 0.25
+        # (a tiny model's ceiling is ~10^6 tok/s: the ratio rounds to 0)
+        assert inst["ceiling_ratio"] is not None and 0 <= inst["ceiling_ratio"] < 0.25
         assert inst["ceiling_note"].startswith("1 stream ") and " tok/s ceiling" in inst["ceiling_note"]
         assert inst["flagged"] and any(p.startswith("below 25% of the decode ceiling") for p in inst["problems"])
         assert inst["llama_bench"]["status"] in ("ok", "skipped")
@@ -75,7 +76,9 @@ def test_fleet_report_on_the_controller():
     with open(os.path.join(reports, "fleet-verify.json")) as handle:
         report = json.load(handle)
     assert sorted(r["host"] for r in report["records"]) == sorted(HOSTS)
-    assert report["instances"] == 3 and report["error_hosts"] == [] and report["flagged_hosts"] == []
+    # Every host flagged (simulated GPUs: the CPU serves), none in error.
+    assert report["instances"] == 3 and report["error_hosts"] == []
+    assert sorted(report["flagged_hosts"]) == sorted(HOSTS)
     with open(os.path.join(reports, "fleet-verify.md")) as handle:
         text = handle.read()
     for name in HOSTS:
