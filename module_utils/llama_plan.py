@@ -12,6 +12,7 @@ __metaclass__ = type
 from ansible.module_utils.gguf_model import (
     KV_CACHE_TYPES, RECURRENT_STATE_BYTES_PER_VALUE, SWA_CELL_PAD, kv_row_bytes, layer_layout,
     recurrent_state_values, round_up)
+from ansible.module_utils.llama_flags import SERVER, plan_argv
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -681,11 +682,10 @@ def _no_fit_message(gpu, evaluations, policy):
 
 
 def _server_args(plan):
-    args = ["-m", plan["model_path"] or "MODEL.gguf", "-c", str(plan["ctx_size"]), "-np", str(plan["parallel"]),
-            "-ctk", plan["cache_type_k"], "-ctv", plan["cache_type_v"], "-ngl", str(plan["n_gpu_layers"]),
-            "-fa", "on" if plan["flash_attn"] else "off", "-b", str(plan["batch_size"]),
-            "-ub", str(plan["ubatch_size"]), "-t", str(plan["threads"]), "-fit", "off"]
-    return args
+    """llama-server's command line for the plan (short flags, to read); -fit off
+    because the plan already fitted every value."""
+    shown = dict(plan, model_path=plan["model_path"] or "MODEL.gguf")
+    return plan_argv(shown, SERVER, short=True) + ["-t", str(plan["threads"]), "-fit", "off"]
 
 
 def plan_gpu(gpu, models, policy, sharing=1):

@@ -7,7 +7,20 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
+import os
 import re
+
+import ansible.module_utils
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.llama_flags import SERVER, plan_flags  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
 # default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
@@ -19,33 +32,16 @@ CUDA_MODULE_LOADING_VALUES = ("LAZY", "EAGER")
 SYSTEMD_OLDEST_SUPPORTED = 245
 
 
-def _on_off(value):
-    if isinstance(value, str):
-        return value if value in ("on", "off", "auto") else ("on" if value.lower() in ("true", "yes", "1") else "off")
-    return "on" if value else "off"
-
-
 def llama_server_args(plan, options, supported_flags):
     """plan: one entry of the planner's `plans`; options: host, port, alias,
     threads, metrics, api_key_file, lock_memory, llama_fit, extra_args.
     Returns {'args': [...], 'dropped': [flags the build lacks]}."""
     supported = set(supported_flags or [])
-    wanted = [
-        ("--model", plan["model_path"]),
-        ("--alias", options.get("alias")),
-        ("--host", options["host"]),
-        ("--port", options["port"]),
-        ("--ctx-size", plan["ctx_size"]),
-        ("--parallel", plan["parallel"]),
-        ("--n-gpu-layers", plan["n_gpu_layers"]),
-        ("--cache-type-k", plan["cache_type_k"]),
-        ("--cache-type-v", plan["cache_type_v"]),
-        ("--flash-attn", _on_off(plan.get("flash_attn", True))),
-        ("--batch-size", plan["batch_size"]),
-        ("--ubatch-size", plan["ubatch_size"]),
-        ("--threads", options["threads"]),
-        ("--threads-batch", options["threads"]),
-    ]
+    wanted = plan_flags(plan, SERVER)
+    # The network options right after the model, where they have always been (a
+    # changed ExecStart would restart every instance on upgrade).
+    wanted[1:1] = [("--alias", options.get("alias")), ("--host", options["host"]), ("--port", options["port"])]
+    wanted += [("--threads", options["threads"]), ("--threads-batch", options["threads"])]
     if options.get("metrics"):
         wanted.append(("--metrics", None))
     if options.get("api_key_file"):
@@ -72,6 +68,13 @@ def llama_server_args(plan, options, supported_flags):
             raise ValueError("llama_server_extra_args has %s, which the installed llama-server does not know" % extra)
         args.append(extra)
     return {"args": args, "dropped": dropped}
+
+
+def llama_server_health_retries(model_bytes, base_s, per_gib_s, delay_s):
+    """Polls of /health (every delay_s) to allow an instance to load a model of
+    model_bytes: base_s plus per_gib_s per GiB of model, rounded up."""
+    seconds = float(base_s) + float(per_gib_s) * int(model_bytes or 0) / (1 << 30)
+    return int(math.ceil(seconds / float(delay_s)))
 
 
 def llama_server_instance(plan, base_port):
@@ -178,6 +181,7 @@ class FilterModule(object):
         return {
             "llama_server_args": llama_server_args,
             "llama_server_instance": llama_server_instance,
+            "llama_server_health_retries": llama_server_health_retries,
             "llama_server_environment": llama_server_environment,
             "llama_server_cpu_list": llama_server_cpu_list,
             "llama_server_systemd_version": llama_server_systemd_version,

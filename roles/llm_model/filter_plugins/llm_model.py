@@ -14,19 +14,24 @@ filters turn it into what the modules take and what the stage records:
 - `llm_model_plan_lines`, `llm_model_fit_argv`, `llm_model_fit_estimate` and
   `llm_model_record` show the plans, run llama-fit-params and write the record.
 
-Kept free of Ansible imports (but for the error class) so the unit tests load it
-directly.
+Plain functions over plain dicts, so the unit tests load this file directly.
 """
 import os
 import re
 from urllib.parse import quote, unquote, urlsplit
 from urllib.request import url2pathname
 
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # the unit tests load this file without Ansible's plugin loader
-    class AnsibleFilterError(ValueError):
-        pass
+import ansible.module_utils
+from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -275,9 +280,7 @@ def llm_model_fit_argv(plan, tool):
     """llama-fit-params' arguments for a plan: the plan's settings, and -fitp on to
     print llama.cpp's own estimate (model, context, compute MiB per device). It has
     no -np: it is a server-only flag, and -c is the total the slots share anyway."""
-    return [tool, "-m", plan["model_path"], "-c", str(plan["ctx_size"]), "-ngl", str(plan["n_gpu_layers"]),
-            "-ctk", plan["cache_type_k"], "-ctv", plan["cache_type_v"], "-fa", "on" if plan["flash_attn"] else "off",
-            "-b", str(plan["batch_size"]), "-ub", str(plan["ubatch_size"]), "-fitp", "on"]
+    return [tool] + plan_argv(plan, FIT_PARAMS, short=True) + ["-fitp", "on"]
 
 
 def llm_model_fit_estimate(result, plan, tool):

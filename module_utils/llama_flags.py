@@ -1,0 +1,71 @@
+# -*- coding: utf-8 -*-
+"""llama.cpp's command-line flags for a plan: the one place that says which
+plan key is which flag of which llama.cpp program.
+
+Every command line built from a plan goes through plan_argv: the planner's
+`server_args` (short flags, to read), the llama_server role's unit (long flags,
+filtered by the installed build's --help), llama-fit-params in the llm_model
+role and llama-bench in the verify role. Pure Python (no Ansible imports): the
+filter plugins load it on the controller too.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+SERVER = "llama-server"
+FIT_PARAMS = "llama-fit-params"
+BENCH = "llama-bench"
+_ALL = (SERVER, FIT_PARAMS, BENCH)
+
+# (plan key, long flag, short flag, the programs that take it), in command-line order.
+# llama-bench sizes its own context (-p/-n) and batches; llama-fit-params has no
+# --parallel (a server-only flag; -c is the total the slots share anyway).
+PLAN_FLAGS = (
+    ("model_path", "--model", "-m", _ALL),
+    ("ctx_size", "--ctx-size", "-c", (SERVER, FIT_PARAMS)),
+    ("parallel", "--parallel", "-np", (SERVER,)),
+    ("n_gpu_layers", "--n-gpu-layers", "-ngl", _ALL),
+    ("cache_type_k", "--cache-type-k", "-ctk", _ALL),
+    ("cache_type_v", "--cache-type-v", "-ctv", _ALL),
+    ("flash_attn", "--flash-attn", "-fa", _ALL),
+    ("batch_size", "--batch-size", "-b", (SERVER, FIT_PARAMS)),
+    ("ubatch_size", "--ubatch-size", "-ub", (SERVER, FIT_PARAMS)),
+)
+
+
+def flash_attn_value(value, program):
+    """llama-server and llama-fit-params take on/off/auto; llama-bench takes 1/0."""
+    if isinstance(value, str) and value in ("on", "off", "auto"):
+        enabled = value
+    elif isinstance(value, str):
+        enabled = "on" if value.lower() in ("true", "yes", "1") else "off"
+    else:
+        enabled = "on" if value else "off"
+    if program == BENCH:
+        return "0" if enabled == "off" else "1"
+    return enabled
+
+
+def plan_flags(plan, program, short=False):
+    """[(flag, value)] of a plan's settings that `program` takes, in order.
+    Every key the program takes must be in the plan (KeyError names it)."""
+    if program not in _ALL:
+        raise ValueError("no llama.cpp flags are known for %r (known: %s)" % (program, ", ".join(_ALL)))
+    pairs = []
+    for key, long_flag, short_flag, programs in PLAN_FLAGS:
+        if program not in programs:
+            continue
+        if key == "flash_attn":  # plans recorded before it was planned ran with it on
+            value = flash_attn_value(plan.get(key, True), program)
+        else:
+            value = str(plan[key])
+        pairs.append((short_flag if short else long_flag, value))
+    return pairs
+
+
+def plan_argv(plan, program, short=False):
+    """The flags of plan_flags as one argument list."""
+    argv = []
+    for flag, value in plan_flags(plan, program, short):
+        argv.extend((flag, value))
+    return argv
