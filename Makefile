@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 SCENARIO ?= fleet
 # Scenarios `make test` runs, in order: llama_cpp compiles first, so the
 # scenarios after it install its artifact (the controller keeps it) instead of compiling.
-SCENARIOS ?= nvidia_stack gpu_tuning llama_cpp model llama_server fleet
+SCENARIOS ?= nvidia_stack gpu_tuning llama_cpp model fleet
 TIMED := scripts/timed.sh
 
 .PHONY: setup demo demo-down test lint unit molecule molecule-all syntax cuda-build-check

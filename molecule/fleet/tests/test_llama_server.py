@@ -1,6 +1,9 @@
-"""llama-server as a service, end to end on CPU builds: checked from outside the
-role (processes, systemd, HTTP), against the plan the model stage recorded."""
+"""llama-server as a service after site.yml, checked from outside the role
+(processes, systemd, HTTP) against the plan the model stage recorded; then the
+stage's own playbook run again as an operator would (rerun, API key, a bad model,
+a reboot). The simulated GPUs compute nothing: the CPU serves the tiny model."""
 import json
+import os
 import shlex
 
 import pytest
@@ -8,8 +11,12 @@ import testinfra
 
 from hostprobe import reboot, run_playbook
 
-ONE_GPU = "ls-sxm2-32gb"
-TWO_GPUS = "ls-2x-sxm2-16gb"
+ONE_GPU = "fleet-sxm2-32gb"
+TWO_GPUS = "fleet-2x-sxm2-16gb"
+
+# These tests name the fleet scenario's hosts; fleet_debian11 shares the directory.
+pytestmark = pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME", "fleet") != "fleet",
+                                reason="names the fleet scenario's hosts")
 
 
 def node(name):

@@ -1,6 +1,0 @@
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "harness"))
-
-from hostprobe import sim_profile  # noqa: E402,F401  (pytest fixture)
