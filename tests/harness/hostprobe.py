@@ -40,6 +40,23 @@ def nvml_probe(host):
     return json.loads(result.stdout)
 
 
+def node(name):
+    """The testinfra host of a scenario's container."""
+    import testinfra
+    return testinfra.get_host("docker://" + name)
+
+
+def stage_fact(host, stage):
+    """A stage's local fact on the host (/etc/ansible/facts.d/llm_fleet_<stage>.fact)."""
+    return json.loads(host.file("/etc/ansible/facts.d/llm_fleet_%s.fact" % stage).content_string)
+
+
+def only_in_scenario(name):
+    """Marks tests that name one scenario's hosts (another scenario may share the directory)."""
+    return pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME", name) != name,
+                              reason="names the %s scenario's hosts" % name)
+
+
 def reboot(host, timeout=60):
     """Restart the host's container (the simulated reboot) and wait for systemd."""
     subprocess.run(["docker", "restart", host_name(host)], check=True, capture_output=True)

@@ -5,22 +5,13 @@ import os
 import shlex
 
 import pytest
-import testinfra
+
+from hostprobe import node, only_in_scenario, stage_fact
 
 HOSTS = ["fleet-sxm2-32gb", "fleet-sxm2-16gb", "fleet-pcie-16gb", "fleet-2x-sxm2-16gb"]
 SCRIPT = "/opt/llm-fleet/bin/llm-fleet-loadtest"
-
-# These tests name the fleet scenario's hosts; fleet_debian11 shares the directory.
-pytestmark = pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME", "fleet") != "fleet",
-                                reason="names the fleet scenario's hosts")
-
-
-def node(name):
-    return testinfra.get_host("docker://" + name)
-
-
-def fact(host, stage):
-    return json.loads(host.file("/etc/ansible/facts.d/llm_fleet_%s.fact" % stage).content_string)
+# fleet_debian11 shares this directory.
+pytestmark = only_in_scenario("fleet")
 
 
 @pytest.mark.parametrize("name", HOSTS)
@@ -29,7 +20,7 @@ def test_fact_has_plausible_figures(name):
     f = host.file("/etc/ansible/facts.d/llm_fleet_verify.fact")
     assert f.exists and f.mode == 0o644 and f.user == "root"
     record = json.loads(f.content_string)
-    served = fact(host, "llama_server")["instances"]
+    served = stage_fact(host, "llama_server")["instances"]
     # The build is CUDA's, the simulated GPUs do no arithmetic: the CPU serves, far
     # below a V100's ceiling, and verify flags it (reporting only: the harness sets
     # verify_fail_below_ceiling: false) without calling it an error.
@@ -59,9 +50,9 @@ def test_load_test_script_is_installed_and_measures_the_served_api(name):
     host = node(name)
     script = host.file(SCRIPT)
     assert script.exists and script.mode == 0o755
-    port = fact(host, "llama_server")["instances"][0]["port"]
+    port = stage_fact(host, "llama_server")["instances"][0]["port"]
     key = "/etc/llm-fleet/llama-server/api-key"
-    key_arg = " --api-key-file %s" % key if fact(host, "llama_server")["api_key"] else ""
+    key_arg = " --api-key-file %s" % key if stage_fact(host, "llama_server")["api_key"] else ""
     out = host.run("/opt/llm-fleet/venv/bin/python %s --url http://127.0.0.1:%d --streams 2 --n-predict 4 "
                    "--no-warmup --strip-streams%s" % (SCRIPT, port, key_arg))
     assert out.rc == 0, out.stdout + out.stderr

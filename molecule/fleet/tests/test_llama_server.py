@@ -3,28 +3,16 @@
 stage's own playbook run again as an operator would (rerun, API key, a bad model,
 a reboot). The simulated GPUs compute nothing: the CPU serves the tiny model."""
 import json
-import os
 import shlex
 
 import pytest
-import testinfra
 
-from hostprobe import reboot, run_playbook
+from hostprobe import node, only_in_scenario, reboot, run_playbook, stage_fact
 
 ONE_GPU = "fleet-sxm2-32gb"
 TWO_GPUS = "fleet-2x-sxm2-16gb"
-
-# These tests name the fleet scenario's hosts; fleet_debian11 shares the directory.
-pytestmark = pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME", "fleet") != "fleet",
-                                reason="names the fleet scenario's hosts")
-
-
-def node(name):
-    return testinfra.get_host("docker://" + name)
-
-
-def fact(host, stage):
-    return json.loads(host.file("/etc/ansible/facts.d/llm_fleet_%s.fact" % stage).content_string)
+# fleet_debian11 shares this directory.
+pytestmark = only_in_scenario("fleet")
 
 
 def http(host, port, path, body=None, key=None):
@@ -56,7 +44,7 @@ def flag(args, name):
 @pytest.mark.parametrize("name,instances", [(ONE_GPU, 1), (TWO_GPUS, 2)])
 def test_one_instance_per_gpu_runs_as_its_user(name, instances):
     host = node(name)
-    plans = fact(host, "model")["plans"]
+    plans = stage_fact(host, "model")["plans"]
     assert len(plans) == instances
     for plan in plans:
         unit = host.service("llama-server@%d.service" % plan["gpu_index"])
@@ -68,7 +56,7 @@ def test_one_instance_per_gpu_runs_as_its_user(name, instances):
 @pytest.mark.parametrize("name", [ONE_GPU, TWO_GPUS])
 def test_running_flags_match_the_plan(name):
     host = node(name)
-    for plan in fact(host, "model")["plans"]:
+    for plan in stage_fact(host, "model")["plans"]:
         pid = main_pid(host, plan["gpu_index"])
         args = cmdline(host, pid)
         assert flag(args, "--model") == plan["model_path"]
@@ -86,7 +74,7 @@ def test_running_flags_match_the_plan(name):
 @pytest.mark.parametrize("name", [ONE_GPU, TWO_GPUS])
 def test_health_and_a_real_chat_completion(name):
     host = node(name)
-    for plan in fact(host, "model")["plans"]:
+    for plan in stage_fact(host, "model")["plans"]:
         port = 8080 + plan["gpu_index"]
         assert http(host, port, "/health") == [200, {"status": "ok"}]
         status, body = http(host, port, "/v1/chat/completions",
@@ -109,7 +97,7 @@ def test_unit_is_hardened_and_ordered_after_gpu_tuning():
     assert host.check_output("systemctl show -P CapabilityBoundingSet llama-server@0.service") == ""
     assert props["DevicePolicy"] == "closed"
     assert "llm-fleet-gpu.target" in props["After"]
-    exposure = float(fact(host, "llama_server")["security_exposure"])
+    exposure = float(stage_fact(host, "llama_server")["security_exposure"])
     assert exposure <= 3.0, "systemd-analyze security exposure %.1f" % exposure
 
 
@@ -149,7 +137,7 @@ def test_api_key_is_enforced_and_never_logged(tmp_path):
 
 def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path):
     host = node(ONE_GPU)
-    plans = fact(host, "model")["plans"]
+    plans = stage_fact(host, "model")["plans"]
     host.run_expect([0], "head -c 100000 %s > /var/lib/llm-fleet/models/broken.gguf" % plans[0]["model_path"])
     bad = [dict(plans[0], model_path="/var/lib/llm-fleet/models/broken.gguf")]
     result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
@@ -164,7 +152,7 @@ def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path)
 def test_instances_come_back_after_a_reboot(name):
     host = node(name)
     reboot(host)
-    for plan in fact(host, "model")["plans"]:
+    for plan in stage_fact(host, "model")["plans"]:
         port = 8080 + plan["gpu_index"]
         for _ in range(60):
             if host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:%d/health')\"" % port).rc == 0:
