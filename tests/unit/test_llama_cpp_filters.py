@@ -1,6 +1,7 @@
 """The llama_cpp role's filters (roles/llama_cpp/filter_plugins/llama_cpp.py):
 reading llama-server's --help and --version, and planning one compile per build."""
 import importlib.util
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,3 +127,19 @@ def test_missing_archs_names_what_the_build_lacks():
     # "sm_9" is not "sm_90"; an empty listing holds nothing.
     assert filters.llama_cpp_missing_archs(["9"], LIST_ELF_SM90) == ["9"]
     assert filters.llama_cpp_missing_archs(["70"], "") == ["70"]
+
+
+def test_cmake_flags_do_not_depend_on_the_order_options_are_written_in():
+    one = filters.llama_cpp_cmake_flags({"GGML_CUDA": "ON", "CMAKE_C_FLAGS_RELEASE": "-O0", "CMAKE_CXX_FLAGS_RELEASE": "-O0"})
+    two = filters.llama_cpp_cmake_flags({"CMAKE_CXX_FLAGS_RELEASE": "-O0", "CMAKE_C_FLAGS_RELEASE": "-O0", "GGML_CUDA": "ON"})
+    assert one == two == ["-DCMAKE_CXX_FLAGS_RELEASE=-O0", "-DCMAKE_C_FLAGS_RELEASE=-O0", "-DGGML_CUDA=ON"]
+
+
+def test_the_build_key_names_commit_backend_archs_and_hashes_the_rest():
+    material = {"commit": "0c1e57098bba", "cmake_flags": ["-DGGML_CUDA=ON"], "targets": ["llama-server"]}
+    key = filters.llama_cpp_build_key(material, "0c1e57098", "cuda", ["70"])
+    assert re.match(r"^0c1e57098-cuda-sm70-[0-9a-f]{10}$", key), key
+    assert filters.llama_cpp_build_key(dict(reversed(list(material.items()))), "0c1e57098", "cuda", ["70"]) == key
+    assert filters.llama_cpp_build_key(dict(material, targets=[]), "0c1e57098", "cuda", ["70"]) != key
+    assert re.match(r"^0c1e57098-cpu-[0-9a-f]{10}$", filters.llama_cpp_build_key(material, "0c1e57098", "cpu", []))
+    assert "-sm70-sm80-" in filters.llama_cpp_build_key(material, "0c1e57098", "cuda", ["70", "80"])

@@ -8,7 +8,7 @@ import pytest
 
 from hostprobe import node, only_in_scenario, stage_fact
 
-HOSTS = ["fleet-sxm2-32gb", "fleet-sxm2-16gb", "fleet-pcie-16gb", "fleet-2x-sxm2-16gb"]
+HOSTS = ["fleet-sxm2-32gb", "fleet-sxm2-16gb", "fleet-2x-sxm2-16gb"]
 SCRIPT = "/opt/llm-fleet/bin/llm-fleet-loadtest"
 # fleet_debian11 shares this directory.
 pytestmark = only_in_scenario("fleet")
@@ -72,7 +72,7 @@ def test_fleet_report_on_the_controller():
         report = json.load(handle)
     assert sorted(r["host"] for r in report["records"]) == sorted(HOSTS)
     # Every host flagged (simulated GPUs: the CPU serves), none in error.
-    assert report["instances"] == 5 and report["error_hosts"] == []
+    assert report["instances"] == 4 and report["error_hosts"] == []
     assert sorted(report["flagged_hosts"]) == sorted(HOSTS)
     with open(os.path.join(reports, "fleet-verify.md")) as handle:
         text = handle.read()

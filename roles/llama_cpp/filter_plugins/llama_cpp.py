@@ -7,8 +7,11 @@ command-line flags the binary accepts, so the server role never renders a flag
 the pinned build lacks. `llama_cpp_version_info` parses `--version`.
 `llama_cpp_missing_archs` reads `cuobjdump --list-elf` of the CUDA backend and
 names the requested architectures it holds no code for.
+`llama_cpp_cmake_flags` and `llama_cpp_build_key` name a build from what makes it.
 Kept free of Ansible imports so the unit tests load it directly.
 """
+import hashlib
+import json
 import re
 
 # llama.cpp's common/arg.cpp prints each option as its flags (and value hints)
@@ -71,6 +74,24 @@ def llama_cpp_missing_archs(archs, listing):
     return [str(arch) for arch in archs if str(arch) not in present]
 
 
+def llama_cpp_cmake_flags(definitions):
+    """CMake cache entries as -DNAME=VALUE arguments, sorted by name: the build key
+    hashes them, and the order an inventory writes its options in must not make
+    a new build."""
+    return ["-D%s=%s" % (name, definitions[name]) for name in sorted(definitions)]
+
+
+def llama_cpp_build_key(material, commit_label, backend, archs):
+    """A build's name: commit, backend, CUDA architectures, and a hash of
+    everything that changes the binaries (material, hashed in a stable order), e.g.
+    0c1e57098-cuda-sm70-57b2fe4890."""
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()[:10]
+    label = "%s-%s" % (commit_label, backend)
+    if backend == "cuda":
+        label += "".join("-sm%s" % arch for arch in archs)
+    return "%s-%s" % (label, digest)
+
+
 def llama_cpp_build_plan(builds, build_host=""):
     """Group the hosts' builds by build key.
 
@@ -94,7 +115,9 @@ def llama_cpp_build_plan(builds, build_host=""):
 class FilterModule(object):
     def filters(self):
         return {
+            "llama_cpp_build_key": llama_cpp_build_key,
             "llama_cpp_build_plan": llama_cpp_build_plan,
+            "llama_cpp_cmake_flags": llama_cpp_cmake_flags,
             "llama_cpp_cubin_archs": llama_cpp_cubin_archs,
             "llama_cpp_missing_archs": llama_cpp_missing_archs,
             "llama_cpp_help_flags": llama_cpp_help_flags,
