@@ -260,4 +260,4 @@ def test_the_server_records_its_environment_and_llama_bench_runs_with_it():
              and "ansible.builtin.command" in t]
     assert len(bench) == 1 and "verify_server_environment" in bench[0]["environment"]
     defaults = yaml.safe_load((ROOT / "roles" / "verify" / "defaults" / "main.yml").read_text())
-    assert "llm_fleet_llama_server']['environment']" in defaults["verify_server_environment"]
+    assert "llm_fleet_stage_fact('llama_server')).environment" in defaults["verify_server_environment"]
