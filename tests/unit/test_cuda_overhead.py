@@ -1,4 +1,4 @@
-"""The planner's per-process CUDA overhead, per CUDA major (module_utils/llama_plan.py).
+"""The planner's per-process CUDA overhead, per CUDA major (module_utils/plan_memory.py).
 
 Measured on CUDA 13 only (an H200); 11.x and 12.x assume the same value until a
 V100 with CUDA 11.8 is measured, so every plan is unchanged by the lookup."""
@@ -9,7 +9,7 @@ from conftest import ROOT
 
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-from ansible.module_utils import llama_plan as lp  # noqa: E402
+from ansible.module_utils import llama_plan as lp, plan_memory  # noqa: E402
 
 
 def test_every_known_major_has_the_measured_value_for_now():
@@ -24,7 +24,7 @@ def test_lookup(version):
 
 
 def test_a_major_outside_the_table_takes_the_nearest(monkeypatch):
-    monkeypatch.setattr(lp, "CUDA_OVERHEAD_MIB_BY_MAJOR", {11: 700, 12: 600, 13: 576})
+    monkeypatch.setattr(plan_memory, "CUDA_OVERHEAD_MIB_BY_MAJOR", {11: 700, 12: 600, 13: 576})
     assert lp.cuda_overhead_bytes("10.2") == 700 * lp.MIB
     assert lp.cuda_overhead_bytes("11.8") == 700 * lp.MIB
     assert lp.cuda_overhead_bytes("14.0") == 576 * lp.MIB

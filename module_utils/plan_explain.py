@@ -1,0 +1,149 @@
+# -*- coding: utf-8 -*-
+"""The planner's words: the budget table of every candidate, the verdict on
+each, why the chosen plan was chosen, and what to change when nothing fits."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.module_utils.gguf_model import round_up
+from ansible.module_utils.plan_memory import CTX_STEP, GIB, gib
+
+# --- the plan --------------------------------------------------------------------
+
+TABLE_HEAD = "  %-8s %5s %10s %15s %9s %9s %9s %10s %5s %8s  %s" % (
+    "quant", "bpw", "weights", "kv(min)", "compute", "overhead", "headroom", "total", "fits", "tok/s", "verdict")
+
+
+def _row(e, verdict):
+    m = e["memory"]
+    g = lambda n: "%.2f" % (n / GIB)  # noqa: E731
+    kv = "%s %s" % (g(m["kv_bytes"]), e["cache_type"] or e["smallest_type"])
+    return "  %-8s %5.2f %10s %15s %9s %9s %9s %10s %5s %8.1f  %s" % (
+        e["model"]["quant"], e["model"]["bpw"], g(m["weights_bytes"]), kv, g(m["compute_bytes"]),
+        g(m["overhead_bytes"]), g(m["headroom_bytes"]), g(m["total_bytes"]),
+        "yes" if e["fits"] else "no", e["ceiling"], verdict)
+
+
+def gpu_header(gpu):
+    return "GPU %s %s: %s, %.0f GB/s, compute capability %s" % (
+        gpu.get("index"), gpu.get("name", "?"), gib(int(gpu["memory_total_bytes"])),
+        float(gpu["memory_bandwidth_bytes_per_s"]) / 1e9, gpu.get("compute_capability"))
+
+
+def budget_table(gpu, evaluations, policy, verdicts):
+    min_seq = round_up(policy["min_ctx"], CTX_STEP)
+    lines = [gpu_header(gpu),
+             "  (GiB; kv(min) = %d slot(s) x %d tokens; tok/s = decode ceiling with a slot %d%% full)"
+             % (policy["min_parallel"], min_seq, int(policy["kv_fill"] * 100)),
+             TABLE_HEAD]
+    for e in sorted(evaluations, key=lambda e: e["model"]["bpw"]):
+        lines.append(_row(e, verdicts.get(id(e), "")))
+    return lines
+
+
+def _verdicts(evaluations, chosen, floor, met_floor):
+    out = {}
+    for e in evaluations:
+        m = e["model"]
+        if e is chosen:
+            out[id(e)] = "chosen"
+        elif not e["fits"]:
+            out[id(e)] = "needs %s, more than the card" % gib(e["memory"]["total_bytes"])
+        elif e["ceiling"] < floor:
+            out[id(e)] = "ceiling %.1f tok/s below the %.0f tok/s floor" % (e["ceiling"], floor)
+        elif chosen is not None and met_floor and m["bpw"] <= chosen["model"]["bpw"]:
+            out[id(e)] = "lower quality than %s" % chosen["model"]["quant"]
+        elif chosen is not None:
+            out[id(e)] = "slower than %s" % chosen["model"]["quant"]
+        else:
+            out[id(e)] = ""
+    return out
+
+
+def _no_fit_message(gpu, evaluations, policy):
+    smallest = min(evaluations, key=lambda e: e["model"]["weight_bytes"])
+    m = smallest["memory"]
+    table = budget_table(gpu, [smallest], policy, {id(smallest): "smallest candidate"})
+    fixed = m["total_bytes"] - m["weights_bytes"]
+    room = m["gpu_total_bytes"] - fixed
+    min_seq = round_up(policy["min_ctx"], CTX_STEP)
+    return (
+        "No candidate fits GPU %s (%s, %s) fully with %d slot(s) of %d tokens and %s KV. The smallest, %s, "
+        "needs %s (%s more than the card):\n%s\n"
+        "What to change: offer a smaller quantization (with this policy at most %s of weights on the GPU fit), "
+        "lower policy.min_ctx (%d) or policy.min_parallel (%d), add a more compact type to policy.cache_types "
+        "(%s), lower policy.headroom_bytes (%d), or set policy.allow_partial_offload: true to keep layers in "
+        "host memory (much slower)."
+        % (gpu.get("index"), gpu.get("name", "?"), gib(m["gpu_total_bytes"]), policy["min_parallel"], min_seq,
+           "/".join(policy["cache_types"]), smallest["model"]["quant"], gib(m["total_bytes"]),
+           gib(m["total_bytes"] - m["gpu_total_bytes"]), "\n".join(table), gib(max(0, room)),
+           policy["min_ctx"], policy["min_parallel"], ", ".join(policy["cache_types"]), policy["headroom_bytes"]))
+
+
+def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial):
+    model = chosen["model"]
+    floor = policy["min_decode_tps"]
+    bw = float(gpu["memory_bandwidth_bytes_per_s"])
+    fitting = [e for e in evaluations if e["fits"]]
+    parts = []
+    if partial:
+        parts.append("%s: no candidate fits this %s card fully, so %s runs with %d of %d layers on the GPU "
+                     "(policy.allow_partial_offload), the best quality whose ceiling meets the floor or else the "
+                     "fastest." % (model["quant"], gib(int(gpu["memory_total_bytes"])), model["quant"],
+                                   chosen["n_gpu_layers"], model["n_layer"]))
+    elif met:
+        parts.append("%s: the best quality (%.2f bits/weight) of the %d candidate(s) that fit this %s card with %d "
+                     "slot(s) of %d tokens, whose decode ceiling (%.1f tok/s = %.0f GB/s / %.2f GB read per token) "
+                     "meets the %.0f tok/s floor." % (
+                         model["quant"], model["bpw"], len(fitting), gib(int(gpu["memory_total_bytes"])),
+                         policy["min_parallel"], round_up(policy["min_ctx"], CTX_STEP), chosen["ceiling"], bw / 1e9,
+                         bw / chosen["ceiling"] / 1e9, floor))
+    else:
+        parts.append("%s: no candidate that fits reaches the %.0f tok/s floor, so the fastest that fits "
+                     "(ceiling %.1f tok/s)." % (model["quant"], floor, chosen["ceiling"]))
+    rejected = ["%s (%s)" % (e["model"]["quant"], verdicts[id(e)]) for e in
+                sorted(evaluations, key=lambda e: -e["model"]["bpw"]) if e is not chosen]
+    if rejected:
+        parts.append("Not chosen: %s." % "; ".join(rejected))
+    m = plan["memory"]
+    kv_desc = "%s KV %s" % (config["cache_type"], gib(m["kv_bytes"]))
+    if m["recurrent_state_bytes"] or m["kv_sliding_window_bytes"]:
+        kv_desc += " (full attention %s, sliding window %s, recurrent state %s)" % (
+            gib(m["kv_full_attention_bytes"]), gib(m["kv_sliding_window_bytes"]), gib(m["recurrent_state_bytes"]))
+    ctx_text = "-c %d shared by %d slot(s) gives %d tokens each" % (
+        config["ctx_size"], config["parallel"], config["ctx_per_slot"])
+    if partial:
+        parts.append("Context: the minimum, %s, %s." % (ctx_text, kv_desc))
+    else:
+        if config["parallel"] < policy["target_parallel"]:
+            slots = "%d slot(s), fewer than the %d targeted: more would leave a slot under %d tokens" % (
+                config["parallel"], policy["target_parallel"], policy["min_ctx"])
+        else:
+            slots = "%d slot(s), the target" % config["parallel"]
+        if config["ctx_per_slot"] >= config["cap"]:
+            if config["cap"] < policy["target_ctx"] // config["parallel"] // CTX_STEP * CTX_STEP:
+                reach = "the model's trained context (%d) per slot" % model["n_ctx_train"]
+            else:
+                reach = "the %d-token target" % policy["target_ctx"]
+            why_ct = ("f16 KV reaches it, so no quantized KV (which costs ~6% of single-stream speed)"
+                      if config["cache_type"] == "f16" else
+                      "%s is the first cache type in policy.cache_types that reaches it" % config["cache_type"])
+            parts.append("Context: %s; %s reaches %s; %s." % (slots, ctx_text, reach, why_ct))
+        else:
+            others = ", ".join("%s %d/slot" % (ct, seq) for ct, seq in config["options"] if ct != config["cache_type"])
+            parts.append("Context: %s; %s, short of the %d-token target: memory allows no more with %s KV%s." % (
+                slots, ctx_text, policy["target_ctx"], config["cache_type"],
+                (" (the other types: %s)" % others) if others else ""))
+    if model["tied"]:
+        embd = "the %s token-embedding table is kept in host memory, and a copy on the GPU serves as the tied " \
+               "output layer" % gib(model["token_embd_bytes"])
+    else:
+        embd = "%s of token embeddings stay in host memory" % gib(model["token_embd_bytes"])
+    parts.append("Memory: weights %s on the GPU (%s), %s, compute %s, "
+                 "CUDA and driver overhead %s, headroom %s: %s of %s, %s free. Decode ceiling at %d%% slot fill: "
+                 "%.1f tok/s." % (
+                     gib(m["weights_bytes"]), embd, kv_desc, gib(m["compute_bytes"]),
+                     gib(m["overhead_bytes"]), gib(m["headroom_bytes"]), gib(m["total_bytes"]),
+                     gib(m["gpu_total_bytes"]), gib(m["free_bytes"]), int(policy["kv_fill"] * 100),
+                     plan["decode_ceiling_tps"]))
+    return " ".join(parts)

@@ -1,0 +1,250 @@
+# -*- coding: utf-8 -*-
+"""The memory and speed arithmetic of a llama-server process on one GPU: what
+the weights, KV cache, compute buffer and CUDA context take, whether it fits,
+and the decode ceiling the card's bandwidth allows. Engine-neutral figures
+apart from the constants measured for llama.cpp; docs/planning.md explains
+each. Free of Ansible (unit-tested); Python 3.8-compatible (Ubuntu 20.04)."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.module_utils.gguf_model import SWA_CELL_PAD, kv_row_bytes, round_up
+
+MIB = 1 << 20
+
+GIB = 1 << 30
+
+# --- Memory model constants (docs/planning.md, "The memory model") -----------
+# CUDA context, cuBLAS workspace and the CUDA pool of one llama-server process,
+# beyond what llama.cpp reports for model, context and compute buffers, by the
+# CUDA major version of the build. What is measured and what is assumed:
+#
+#   CUDA    module loading as the roles run it           MiB  status
+#   13.x    lazy (CUDA's default since 12.2)               576  MEASURED: 520-630 MiB on an H200, a
+#                                                               one-arch (sm_90) build of the pinned
+#                                                               llama.cpp; the middle of that range.
+#                                                               EAGER there used 114 MiB more (26260
+#                                                               vs 26146 MiB, 32B Q4_K, -c 32768 -np 4).
+#   12.x    lazy: the default from 12.2; 12.0-12.1 get     576  ASSUMED equal to 13.x (not measured).
+#           CUDA_MODULE_LOADING=LAZY from the llama_server
+#           role
+#   11.x    eager by default; the role sets LAZY, which    576  ASSUMED equal to 13.x (not measured; the
+#           11.7+ honours (the fleet's 11.8)                    V100 fleet's toolkit). A V100 has fewer
+#                                                               SMs than an H200 (80 vs 132), so its
+#                                                               context is likely smaller.
+#   <11.7   eager: LAZY is not honoured                     --  not planned for: expect more than the
+#                                                               114 MiB measured on CUDA 13 for a
+#                                                               one-arch build, more with every arch
+#                                                               the build holds; raise policy.overhead_bytes.
+#
+# Eager loading (LAZY unset on 11.7-12.1, or llama_server_cuda_module_loading:
+# EAGER) costs more than the table; the roles do not plan for it. One value for
+# every major for now: the lookup is where a measured 11.8 figure goes.
+CUDA_OVERHEAD_MIB_BY_MAJOR = {11: 576, 12: 576, 13: 576}
+
+CUDA_OVERHEAD_BYTES = CUDA_OVERHEAD_MIB_BY_MAJOR[13] * MIB
+
+# What the driver keeps of the card before any process starts (NVML counts it as
+# used): a few hundred MiB on a V100 with R525; the harness profiles use 309 MiB.
+# Subtracted only where the reported total does not already leave it out
+# (driver_reserved_bytes()).
+DRIVER_RESERVED_BYTES = 309 * MIB
+
+DEFAULT_HEADROOM_BYTES = 512 * MIB
+
+# Compute buffer: activations are f32; ggml-alloc's peak is either the output
+# projection (logits of every ubatch token + the normed input) or the FFN (gate,
+# up and their product + two embedding-wide tensors + the KQ mask). Calibrated on
+# the 32B shape: 512 x 4 x (152064 + 5120) = 307.0 MiB, as measured.
+ACTIVATION_BYTES = 4
+
+FFN_LIVE_TENSORS = 3
+
+# llama.cpp sizes caches in cells; context per slot is planned in these steps.
+CTX_STEP = 256
+
+# Decode ceiling: a stream reads every weight on the GPU once per token plus the
+# KV of the tokens it holds; "typical" = a slot filled to this fraction.
+KV_FILL_FRACTION = 0.5
+
+# Host memory bandwidth assumed for layers left in host memory (partial offload
+# only): a dual-socket DDR4 server's realistic read bandwidth.
+HOST_MEMORY_BANDWIDTH = 100 * 10 ** 9
+
+FLASH_ATTN_MIN_CC = (7, 0)
+
+DEFAULT_UBATCH = 512
+
+DEFAULT_BATCH = 2048
+
+
+class PlanError(Exception):
+    """The inputs are wrong or nothing fits; the message says what to change."""
+
+
+# --- small helpers -----------------------------------------------------------
+
+def gib(n):
+    return "%.2f GiB" % (n / GIB)
+
+
+def cuda_overhead_bytes(cuda_version=None):
+    """Per-process CUDA overhead for a build of this CUDA version ('11.8', '13.0',
+    11; None: CUDA_OVERHEAD_BYTES). A major outside the table gets the nearest
+    known major's value (see the table at CUDA_OVERHEAD_MIB_BY_MAJOR)."""
+    if cuda_version is None or str(cuda_version).strip() == "":
+        return CUDA_OVERHEAD_BYTES
+    head = str(cuda_version).strip().split(".")[0]
+    if not head.isdigit():
+        raise PlanError("a CUDA version looks like 11.8 or 13.0, got %r" % (cuda_version,))
+    major = int(head)
+    known = sorted(CUDA_OVERHEAD_MIB_BY_MAJOR)
+    nearest = min(known, key=lambda k: (abs(k - major), -k))
+    return CUDA_OVERHEAD_MIB_BY_MAJOR[nearest] * MIB
+
+
+def driver_reserved_bytes(memory_total_bytes, reserved=DRIVER_RESERVED_BYTES):
+    """Memory the driver holds before any process starts, that the reported total
+    still includes. NVML reports either the whole card (as the harness profiles and
+    newer drivers do) or the card less the driver's share (older drivers' v1 call:
+    a V100-16GB shows 16160 MiB): what the total lacks up to the next whole GiB is
+    taken as already reserved."""
+    missing = round_up(memory_total_bytes, GIB) - memory_total_bytes
+    return max(0, reserved - missing)
+
+
+def flash_attn_supported(gpu):
+    try:
+        major, minor = (int(x) for x in str(gpu.get("compute_capability") or "0.0").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= FLASH_ATTN_MIN_CC
+
+
+# --- the arithmetic -----------------------------------------------------------------
+
+def kv_bytes_per_token(model, cache_type, first_layer=0):
+    """(full-attention bytes per token, sliding-window bytes per cell) of layers >= first_layer."""
+    full = swa = 0
+    for layer in model["layers"][first_layer:]:
+        row = kv_row_bytes(layer["k_values"], cache_type) + kv_row_bytes(layer["v_values"], cache_type)
+        if layer["kind"] == "full":
+            full += row
+        elif layer["kind"] == "swa":
+            swa += row
+    return full, swa
+
+
+def swa_cells_per_slot(model, ctx_per_slot, ubatch):
+    """Cells of the sliding-window cache per slot (llama-kv-cache-iswa.cpp)."""
+    if not model["window"]:
+        return 0
+    return round_up(min(ctx_per_slot, model["window"] + ubatch), SWA_CELL_PAD)
+
+
+def cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first_layer=0):
+    """Every cache llama.cpp allocates for -c ctx_size -np parallel: full-attention
+    KV for ctx_size cells, sliding-window KV per slot, recurrent state per slot."""
+    full_pt, swa_pt = kv_bytes_per_token(model, cache_type, first_layer)
+    ctx_per_slot = ctx_size // parallel
+    n_rec = sum(1 for l in model["layers"][first_layer:] if l["kind"] == "recurrent")
+    full = ctx_size * full_pt
+    swa = parallel * swa_cells_per_slot(model, ctx_per_slot, ubatch) * swa_pt if swa_pt else 0
+    rec = parallel * n_rec * model["recurrent_bytes_per_layer"]
+    return {"full": full, "swa": swa, "recurrent": rec, "total": full + swa + rec}
+
+
+def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True):
+    """The CUDA compute buffer: the peak of ggml-alloc's worst-case graph."""
+    a = ACTIVATION_BYTES
+    mask = ubatch * ctx_per_slot * a
+    logits = ubatch * a * (model["n_vocab"] + model["n_embd"])
+    ffn = ubatch * a * (FFN_LIVE_TENSORS * model["n_ff"] + 2 * model["n_embd"]) + mask
+    attn = mask
+    if not flash_attn:  # KQ scores and their softmax, f32, for the whole slot
+        attn += 2 * ubatch * ctx_per_slot * model["n_head"] * a
+    return max(logits, ffn, attn)
+
+
+def kv_read_bytes(model, cache_type, fill_tokens, first_layer=0):
+    """Cache bytes one decode step of one stream reads with fill_tokens in its slot."""
+    full_pt, swa_pt = kv_bytes_per_token(model, cache_type, first_layer)
+    n_rec = sum(1 for l in model["layers"][first_layer:] if l["kind"] == "recurrent")
+    swa_tokens = min(fill_tokens, model["window"]) if model["window"] else 0
+    return int(fill_tokens * full_pt + swa_tokens * swa_pt + n_rec * model["recurrent_bytes_per_layer"])
+
+
+def decode_ceiling(bandwidth, gpu_bytes_per_token, host_bytes_per_token=0, host_bandwidth=HOST_MEMORY_BANDWIDTH):
+    """Memory-bound single-stream ceiling, tokens/s."""
+    seconds = gpu_bytes_per_token / float(bandwidth)
+    if host_bytes_per_token:
+        seconds += host_bytes_per_token / float(host_bandwidth)
+    return 1.0 / seconds if seconds > 0 else float("inf")
+
+
+def layer_weight_bytes(model):
+    """Average bytes of one repeating layer (weights less embedding and output)."""
+    rest = model["weight_bytes"] - model["token_embd_bytes"] - (0 if model["tied"] else model["output_bytes"])
+    return max(0, rest) // max(1, model["n_layer"])
+
+
+def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None):
+    """The memory breakdown of one configuration on one GPU (bytes)."""
+    ubatch = policy["ubatch_size"]
+    fa = flash_attn_supported(gpu)
+    total_card = int(gpu["memory_total_bytes"])
+    full_offload = n_gpu_layers is None or n_gpu_layers > model["n_layer"]
+    if full_offload:
+        weights = model["gpu_weight_bytes"]
+        first = 0
+    else:
+        first = model["n_layer"] - n_gpu_layers  # llama.cpp offloads the last layers
+        weights = n_gpu_layers * layer_weight_bytes(model)
+    caches = cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first)
+    compute = compute_bytes(model, ubatch, ctx_size // parallel, fa)
+    reserved = policy["reserved_bytes"]
+    if reserved is None:
+        # NVML's own figure when the driver gives it (measured: 615 MiB on an H200,
+        # which the whole-GiB rule below missed); the rule only for older drivers.
+        reserved = gpu.get("memory_reserved_bytes")
+    if reserved is None:
+        reserved = driver_reserved_bytes(total_card)
+    overhead = policy["overhead_bytes"] + reserved
+    headroom = policy["headroom_bytes"]
+    total = weights + caches["total"] + compute + overhead + headroom
+    return {
+        "weights_bytes": weights,
+        "kv_bytes": caches["total"],
+        "compute_bytes": compute,
+        "overhead_bytes": overhead,
+        "headroom_bytes": headroom,
+        "total_bytes": total,
+        "gpu_total_bytes": total_card,
+        "kv_full_attention_bytes": caches["full"],
+        "kv_sliding_window_bytes": caches["swa"],
+        "recurrent_state_bytes": caches["recurrent"],
+        "overhead_cuda_bytes": policy["overhead_bytes"],
+        "overhead_driver_reserved_bytes": reserved,
+        "predicted_used_bytes": total - headroom,
+        "free_bytes": total_card - total,
+        "host_weights_bytes": model["token_embd_bytes"] if full_offload else model["weight_bytes"] - weights,
+    }
+
+
+def fits(memory):
+    return memory["total_bytes"] <= memory["gpu_total_bytes"]
+
+
+def ceiling_for(model, gpu, policy, ctx_per_slot, cache_type, n_gpu_layers=None):
+    """Decode ceiling (tok/s) of one stream with its slot filled to policy.kv_fill."""
+    fill = int(ctx_per_slot * policy["kv_fill"])
+    bw = float(gpu["memory_bandwidth_bytes_per_s"])
+    if n_gpu_layers is None or n_gpu_layers > model["n_layer"]:
+        return decode_ceiling(bw, model["gpu_weight_bytes"] + kv_read_bytes(model, cache_type, fill))
+    first = model["n_layer"] - n_gpu_layers
+    per_layer = layer_weight_bytes(model)
+    gpu_read = n_gpu_layers * per_layer + kv_read_bytes(model, cache_type, fill, first)
+    cpu_kv = kv_read_bytes(model, cache_type, fill) - kv_read_bytes(model, cache_type, fill, first)
+    output = model["token_embd_bytes"] if model["tied"] else model["output_bytes"]
+    host_read = first * per_layer + output + cpu_kv
+    return decode_ceiling(bw, gpu_read, host_read, policy["host_memory_bandwidth_bytes_per_s"])
