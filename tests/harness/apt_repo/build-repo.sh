@@ -167,7 +167,7 @@ stub_library() {
     local out
     out=$WORK/stubs/$(basename "$1")
     mkdir -p "$WORK/stubs"
-    "$CC" -shared -fPIC -O2 -s -Wl,-soname,"$2" -o "$out" -x c - ||
+    "$CC" -shared -fPIC -O2 -s -Wl,-soname,"$2" -o "$out" -x c - -x none "${@:3}" ||
         die "compiling stub library $1 failed"
     put_file "$out" "$1" 0644
 }
@@ -429,8 +429,10 @@ EOF
     # cuBLAS: soname libcublas.so.MAJOR, as in NVIDIA's libcublas-MAJOR-MINOR packages.
     pkg_begin "libcublas-$dashed" "$version" "$ARCH" libs "CUBLAS native runtime libraries"
     rel Depends "cuda-toolkit-$dashed-config-common"
-    stub_library "$libdir/libcublas.so.$component" "libcublas.so.$major" <<<'int cublasCreate_v2(void **handle) { *handle = 0; return 1; }'
+    # libcublas needs libcublasLt, as NVIDIA's does: a program linked with -lcublas gets both.
     stub_library "$libdir/libcublasLt.so.$component" "libcublasLt.so.$major" <<<'int cublasLtCreate(void **handle) { *handle = 0; return 1; }'
+    stub_library "$libdir/libcublas.so.$component" "libcublas.so.$major" -Wl,--no-as-needed "$WORK/stubs/libcublasLt.so.$component" \
+        <<<'int cublasLtCreate(void **handle); int cublasCreate_v2(void **handle) { return cublasLtCreate(handle); }'
     put_link "$libdir/libcublas.so.$major" "libcublas.so.$component"
     put_link "$libdir/libcublasLt.so.$major" "libcublasLt.so.$component"
     pkg_end
