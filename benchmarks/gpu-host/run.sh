@@ -20,7 +20,7 @@
 #   .gpuhost/wheelhouse/       wheels of roles/fleet_common/files/requirements-host.txt
 #   .gpuhost/collections.tar.gz  ansible_collections/ansible/posix (ansible.cfg's callbacks)
 #   .cache/harness/llama.cpp-0c1e57098bba.tar.gz  the pinned source
-# Results in $OUT (default /root/gpu-host-out).
+# Results in $OUT (default /root/gpu-host-out); BUNDLE=<file.tgz>: also packed into one file.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$REPO/benchmarks/gpu-host
@@ -153,4 +153,8 @@ print(json.dumps({k: v for k, v in lt.items() if k != "levels"}, indent=1)[:1500
 for level in lt.get("levels", []):
     print({k: v for k, v in level.items() if not isinstance(v, (list, dict))})
 PY
+# Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
+# bundle of everything (the device tool brings back only a few files per call).
+cp /etc/ansible/facts.d/llm_fleet_*.fact "$OUT/" 2>/dev/null
+[ -n "${BUNDLE:-}" ] && tar -czf "$BUNDLE" -C "$OUT" .
 stamp "done"
