@@ -13,7 +13,7 @@ __metaclass__ = type
 from ansible.module_utils.gguf_model import KV_CACHE_TYPES, round_up
 from ansible.module_utils.llama_flags import SERVER, plan_argv
 from ansible.module_utils.plan_explain import (  # noqa: F401 (re-exported)
-    TABLE_HEAD, _no_fit_message, _reason, _row, _verdicts, budget_table, gpu_header)
+    TABLE_HEAD, _no_fit_message, _reason, _row, _verdicts, budget_table, gpu_header, plan_summary)
 from ansible.module_utils.plan_memory import (  # noqa: F401 (re-exported)
     ACTIVATION_BYTES, CTX_STEP, CUDA_OVERHEAD_BYTES, CUDA_OVERHEAD_MIB_BY_MAJOR, DEFAULT_BATCH,
     DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, DRIVER_RESERVED_BYTES, FFN_LIVE_TENSORS, FLASH_ATTN_MIN_CC, GIB,
@@ -372,11 +372,5 @@ def plan_host(gpus, models, policy):
         plans.append(plan)
         table.extend(lines)
         warnings.extend(plan["warnings"])
-        summary.append("GPU %s %s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom "
-                       "of %.1f GiB, ceiling %.1f tok/s"
-                       % (plan["gpu_index"], plan["gpu_name"], plan["quant"], plan["ctx_size"], plan["parallel"],
-                          plan["ctx_per_slot"], plan["cache_type_k"],
-                          "-ngl %d (partial), " % plan["n_gpu_layers"] if plan["partial_offload"] else "",
-                          plan["memory"]["predicted_used_bytes"] / GIB, plan["memory"]["headroom_bytes"] / GIB,
-                          plan["memory"]["gpu_total_bytes"] / GIB, plan["decode_ceiling_tps"]))
+        summary.append(plan_summary(plan))
     return {"plans": plans, "table": table, "summary": "\n".join(summary), "warnings": warnings, "policy": policy}

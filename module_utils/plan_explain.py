@@ -147,3 +147,19 @@ def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, parti
                      gib(m["gpu_total_bytes"]), gib(m["free_bytes"]), int(policy["kv_fill"] * 100),
                      plan["decode_ceiling_tps"]))
     return " ".join(parts)
+
+
+def plan_summary(plan):
+    """The one line that sums up a GPU's plan, wherever a plan is shown or recorded:
+    'GPU 0 Tesla V100-SXM2-32GB: Q4_K_M, -c 16384 -np 4 (4096 tokens/slot), f16 KV,
+    23.2 GiB used + 0.5 GiB headroom of 31.7 GiB, ceiling 45.0 tok/s'."""
+    memory = plan["memory"]
+    ctx_per_slot = plan.get("ctx_per_slot") or plan["ctx_size"] // max(1, plan["parallel"])
+    name = " %s" % plan["gpu_name"] if plan.get("gpu_name") else ""
+    return ("GPU %s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom of %.1f GiB, "
+            "ceiling %.1f tok/s"
+            % (plan["gpu_index"], name, plan["quant"], plan["ctx_size"], plan["parallel"], ctx_per_slot,
+               plan["cache_type_k"], "-ngl %d (partial), " % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
+               memory["predicted_used_bytes"] / GIB, memory.get("headroom_bytes", 0) / GIB,
+               memory["gpu_total_bytes"] / GIB, plan["decode_ceiling_tps"]))
+

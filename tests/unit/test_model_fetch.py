@@ -545,7 +545,9 @@ def test_the_record_is_what_a_rerun_reproduces():
     fetched = {"files": [{"path": "/m/q4.gguf", "action": "downloaded", "elapsed": 3.2, "bytes_downloaded": 5}]}
     record = F.llm_model_record([PLAN], entries, fetched, {"results": [{"skipped": True, "item": PLAN}]},
                                 "/x/llama-fit-params", "Qwen2.5-32B", "/m", {"target_ctx": 16384})
-    assert record["summary"] == "GPU0 Q4_K_M ctx 16384 x4 slots f16 KV, 23.2/32 GiB, ceiling 45 tok/s"
+    # The planner's one summary format (plan_explain.plan_summary).
+    assert record["summary"] == ("GPU 0: Q4_K_M, -c 16384 -np 4 (4096 tokens/slot), f16 KV, 23.2 GiB used + 0.0 GiB "
+                                 "headroom of 32.0 GiB, ceiling 45.0 tok/s")
     plan = record["plans"][0]
     assert plan["planned_from"] == "file" and plan["model_sha256"] == [SHA]
     assert plan["llama_fit_params"]["status"] == "not run"

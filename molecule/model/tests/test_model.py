@@ -28,6 +28,9 @@ MIRROR = "llm-model-mirror"
 MODELS = "/var/lib/llm-fleet/models"
 FACT = "/etc/ansible/facts.d/llm_fleet_model.fact"
 PLAN = "/etc/llm-fleet/plan.json"
+# The planner's summary line of a plan (module_utils/plan_explain.py, plan_summary), for a GPU and quant.
+SUMMARY = (r"^GPU 0 %s: %s, -c \d+ -np \d+ \(\d+ tokens/slot\), (f16|q8_0) KV, \d+\.\d GiB used \+ \d+\.\d GiB "
+           r"headroom of \d+\.\d GiB, ceiling \d+\.\d tok/s$")
 # The same catalogue, two cards: what each must get.
 EXPECTED = {
     "model-sxm2-32gb": {"quant": "Q4_K_M", "gpu": "Tesla V100-SXM2-32GB", "gib": 32},
@@ -102,9 +105,8 @@ def test_each_card_gets_the_quantization_its_memory_allows(name):
     assert plan["gpu_name"] == want["gpu"]
     assert plan["quant"] == plan["choice"]["quant"] == want["quant"]
     # The choice, from the declared 32B figures, is a real 32B plan on that card.
-    assert re.match(r"^GPU0 %s ctx \d+ x\d+ slots (f16|q8_0) KV, (\d+\.\d)/%d GiB, ceiling \d+ tok/s$"
-                    % (want["quant"], want["gib"]), plan["choice"]["summary"]), plan["choice"]["summary"]
-    used = float(re.search(r"(\d+\.\d)/", plan["choice"]["summary"]).group(1))
+    assert re.match(SUMMARY % (want["gpu"], want["quant"]), plan["choice"]["summary"]), plan["choice"]["summary"]
+    used = float(re.search(r"(\d+\.\d) GiB used", plan["choice"]["summary"]).group(1))
     assert want["gib"] / 2 < used < want["gib"]
 
 
@@ -142,8 +144,7 @@ def test_the_plans_are_recorded_for_the_llama_server_stage(name):
                 "ubatch_size", "threads", "numa_node", "decode_ceiling_tps", "reason", "memory", "warnings"):
         assert key in plan, key
     assert plan["llama_fit_params"]["status"] == "not run"
-    assert re.match(r"^GPU0 %s ctx \d+ x\d+ slots (f16|q8_0) KV, \d+\.\d/%d GiB, ceiling \d+ tok/s$"
-                    % (EXPECTED[name]["quant"], EXPECTED[name]["gib"]), record["summary"]), record["summary"]
+    assert re.match(SUMMARY % (EXPECTED[name]["gpu"], EXPECTED[name]["quant"]), record["summary"]), record["summary"]
 
 
 # --- later runs -------------------------------------------------------------------

@@ -32,6 +32,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
+from ansible.module_utils.plan_explain import plan_summary  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -314,14 +315,6 @@ def llm_model_fit_estimate(result, plan, tool):
     return record
 
 
-def _summary(plan):
-    m = plan["memory"]
-    return "GPU%s %s ctx %d x%d slots %s KV%s, %.1f/%g GiB, ceiling %.0f tok/s" % (
-        plan["gpu_index"], plan["quant"], plan["ctx_size"], plan["parallel"], plan["cache_type_k"],
-        ", -ngl %d (partial offload)" % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
-        m["predicted_used_bytes"] / GIB, round(m["gpu_total_bytes"] / GIB, 1), plan["decode_ceiling_tps"])
-
-
 def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", model_name="", model_dir="",
                      policy=None, choice=None):
     """What the stage records (plan.json and the local fact): the plans, each with
@@ -348,14 +341,14 @@ def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", mod
         record["llama_fit_params"] = llm_model_fit_estimate(fits.get(plan["gpu_index"]), record, fit_tool)
         first = chosen.get(plan["gpu_index"])
         if first:
-            record["choice"] = {"quant": first["quant"], "reason": first["reason"], "summary": _summary(first)}
+            record["choice"] = {"quant": first["quant"], "reason": first["reason"], "summary": plan_summary(first)}
         records.append(record)
     return {
         "model": model_name or os.path.basename(records[0]["model_path"]) if records else model_name,
         "model_dir": model_dir,
         "policy": policy or {},
         "plans": records,
-        "summary": "; ".join(_summary(p) for p in records),
+        "summary": "; ".join(plan_summary(p) for p in records),
     }
 
 
