@@ -11,8 +11,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import mmap
 import os
 import re
+import struct
 
 # KV cache element types llama-server accepts for -ctk/-ctv that flash attention
 # handles on CUDA without GGML_CUDA_FA_ALL_QUANTS: (values per block, bytes per block).
@@ -251,6 +253,97 @@ def _field_value(field):
     return value
 
 
+# GGUF value types (ggml's gguf.h): fixed sizes; 8 is a string, 9 an array.
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# The smallest a metadata entry (key length, a 1-byte key, type, a 1-byte value)
+# and a tensor entry (name length, 1-byte name, n_dims, one dim, type, offset) can be.
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+_MIN_TENSOR_BYTES = 8 + 1 + 4 + 8 + 4 + 8
+
+
+def check_header_bounds(path):
+    """Walk a GGUF header and refuse one whose counts or lengths cannot fit in the
+    file, before any reader allocates or loops on them: a few-KB file declaring a
+    billion tensors, a 2^60-byte string or array must fail at once, naming the
+    entry, not exhaust the host's memory. Returns the header's (version,
+    tensor count, metadata count)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _walk_header(path, data, size)
+    finally:
+        data.close()
+
+
+def _walk_header(path, data, size):
+    order = "<"
+    version = struct.unpack_from("<I", data, 4)[0]
+    if version not in (2, 3) and struct.unpack_from(">I", data, 4)[0] in (2, 3):
+        order, version = ">", struct.unpack_from(">I", data, 4)[0]
+    if version not in (2, 3):
+        raise GGUFError("%s has GGUF version %d; llama.cpp writes versions 2 and 3" % (path, version))
+    n_tensors, n_kv = struct.unpack_from(order + "QQ", data, 8)
+    offset = 24
+
+    def need(count, what):
+        if offset + count > size:
+            raise GGUFError("%s is corrupt or truncated: %s needs %d bytes at offset %d, the file has %d"
+                            % (path, what, count, offset, size))
+
+    def number(fmt, what):
+        nonlocal offset
+        need(struct.calcsize(fmt), what)
+        value = struct.unpack_from(order + fmt, data, offset)[0]
+        offset += struct.calcsize(fmt)
+        return value
+
+    def string(what):
+        nonlocal offset
+        length = number("Q", what)
+        need(length, "%s (a string of %d bytes)" % (what, length))
+        value = bytes(data[offset:offset + min(length, 256)])
+        offset += length
+        return value.decode("utf-8", "replace")
+
+    for count, least, what in ((n_tensors, _MIN_TENSOR_BYTES, "tensors"), (n_kv, _MIN_KV_BYTES, "metadata entries")):
+        if count * least > size - offset:
+            raise GGUFError("%s is truncated or corrupt: its header declares %d %s, which cannot fit in a %d-byte "
+                            "file (an interrupted download?)" % (path, count, what, size))
+    for index in range(n_kv):
+        key = string("metadata entry %d's key" % index)
+        kind = number("I", "the type of %s" % key)
+        if kind == _GGUF_ARRAY:
+            kind, count = number("I", "the element type of %s" % key), number("Q", "the length of %s" % key)
+            if kind == _GGUF_STRING:
+                if count * 8 > size - offset:
+                    raise GGUFError("%s is corrupt: %s declares %d strings, which cannot fit in a %d-byte file"
+                                    % (path, key, count, size))
+                for item in range(count):
+                    string("%s[%d]" % (key, item))
+                continue
+            if kind not in _GGUF_FIXED:
+                raise GGUFError("%s is corrupt: %s is an array of unknown type %d" % (path, key, kind))
+            need(count * _GGUF_FIXED[kind], "%s (%d elements)" % (key, count))
+            offset += count * _GGUF_FIXED[kind]
+        elif kind == _GGUF_STRING:
+            string(key)
+        elif kind in _GGUF_FIXED:
+            need(_GGUF_FIXED[kind], key)
+            offset += _GGUF_FIXED[kind]
+        else:
+            raise GGUFError("%s is corrupt: %s has unknown type %d" % (path, key, kind))
+    for index in range(n_tensors):
+        name = string("tensor %d's name" % index)
+        n_dims = number("I", "the dimension count of %s" % name)
+        if n_dims > 8:
+            raise GGUFError("%s is corrupt: tensor %s declares %d dimensions (ggml has at most 4)" % (path, name, n_dims))
+        need(8 * n_dims + 12, "tensor %s's shape, type and offset" % name)
+        offset += 8 * n_dims + 12
+    return version, n_tensors, n_kv
+
+
 def _read_one(path):
     """(fields dict, tensor list, file size) of one GGUF file, header only."""
     if not os.path.exists(path):
@@ -268,6 +361,7 @@ def _read_one(path):
         raise GGUFError("%s cannot be read: %s" % (path, err))
     if magic != b"GGUF":
         raise GGUFError("%s is not a GGUF model: it starts with %r, not b'GGUF'" % (path, magic))
+    check_header_bounds(path)
     from gguf import GGUFReader  # imported here so the planner's arithmetic needs no gguf
     try:
         # memory-mapped: the tensor table gives offsets and shapes; the tensor

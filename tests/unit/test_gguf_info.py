@@ -4,8 +4,10 @@ Every expected figure is computed here by hand from the model shapes, not by the
 code under test."""
 import json
 import os
+import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -245,3 +247,31 @@ def test_file_type_labels():
 def test_result_is_json_clean(models):
     r = info(models["hybrid_q4km"])
     json.dumps(r)  # the planner receives it through Ansible as metadata
+
+
+def _header(n_tensors, n_kv, body=b""):
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + body
+
+
+@pytest.mark.parametrize("what, data, words", [
+    ("a billion tensors", _header(10 ** 9, 0, b"\0" * 4000), ["1000000000 tensors", "cannot fit"]),
+    ("a 2^60-byte key", _header(0, 1, struct.pack("<Q", 1 << 60) + b"\0" * 4000),
+     ["metadata entry 0's key", "needs 1152921504606846976 bytes"]),
+    ("a huge string array", _header(0, 1, struct.pack("<Q", 1) + b"k" + struct.pack(
+        "<IIQ", 9, 8, 1 << 40) + b"\0" * 4000), ["k declares 1099511627776 strings", "cannot fit"]),
+    ("a huge number array", _header(0, 1, struct.pack("<Q", 1) + b"k" + struct.pack(
+        "<IIQ", 9, 10, 1 << 40) + b"\0" * 4000), ["k (1099511627776 elements)"]),
+    ("an unknown type", _header(0, 1, struct.pack("<Q", 1) + b"k" + struct.pack(
+        "<I", 77) + b"\0" * 100), ["k has unknown type 77"]),
+])
+def test_a_header_that_cannot_fit_in_its_file_fails_at_once(tmp_path, what, data, words):
+    """A few-KB file that declares huge counts or lengths is refused before any
+    reader allocates or loops on them (it once took 10 GB of RSS)."""
+    path = tmp_path / "bomb.gguf"
+    path.write_bytes(data)
+    start = time.monotonic()
+    with pytest.raises(gguf_model.GGUFError) as err:
+        gguf_model.check_header_bounds(str(path))
+    assert time.monotonic() - start < 5, what
+    for word in words:
+        assert word in str(err.value), (what, str(err.value))
