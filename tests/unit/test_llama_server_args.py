@@ -48,3 +48,22 @@ def test_unknown_extra_args_are_refused():
 def test_the_api_key_file_is_passed_when_a_key_is_set():
     args = filters.llama_server_args(PLAN, dict(OPTIONS, api_key_file="/etc/k"), NEW_BUILD)["args"]
     assert args[args.index("--api-key-file") + 1] == "/etc/k"
+
+
+def test_an_api_key_the_build_cannot_enforce_stops_the_role():
+    """Fail closed: without --api-key-file the server would listen unauthenticated."""
+    build = [f for f in NEW_BUILD if f != "--api-key-file"]
+    with pytest.raises(ValueError, match="no --api-key-file flag"):
+        filters.llama_server_args(PLAN, dict(OPTIONS, api_key_file="/etc/k"), build)
+    assert "--api-key-file" not in filters.llama_server_args(PLAN, OPTIONS, build)["args"]
+
+
+@pytest.mark.parametrize("extra", ["--host", "--host=0.0.0.0", "-c", "--ctx-size", "-ngl", "--api-key", "-t", "--port"])
+def test_extra_args_may_not_repeat_a_flag_the_role_sets(extra):
+    with pytest.raises(ValueError, match="sets itself"):
+        filters.llama_server_args(PLAN, dict(OPTIONS, extra_args=[extra, "1"]), NEW_BUILD + ["--api-key", "-c"])
+
+
+def test_other_extra_args_pass_through():
+    args = filters.llama_server_args(PLAN, dict(OPTIONS, extra_args=["--no-webui"]), NEW_BUILD + ["--no-webui"])["args"]
+    assert args[-1] == "--no-webui"

@@ -20,7 +20,7 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
-from ansible.module_utils.llama_flags import SERVER, plan_flags  # noqa: E402
+from ansible.module_utils.llama_flags import PLAN_FLAGS, SERVER, plan_flags  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
 # default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
@@ -30,6 +30,11 @@ CUDA_MODULE_LOADING_VALUES = ("LAZY", "EAGER")
 # The oldest systemd the roles support (Ubuntu 20.04: 245.4). A host whose version
 # cannot be read gets a unit with nothing newer than this.
 SYSTEMD_OLDEST_SUPPORTED = 245
+# Flags the role cannot run without: a build that lacks one cannot serve the plan
+# as asked (and without --api-key-file it would serve without authentication).
+_ESSENTIAL_FLAGS = ("--model", "--ctx-size", "--parallel", "--port", "--host", "--api-key-file")
+# Other spellings of flags the role sets, which llama_server_extra_args may not repeat.
+_OWNED_ALIASES = ("-a", "-t", "-tb", "--gpu-layers", "--api-key", "-fit", "--mlock", "--load-mode")
 
 
 def llama_server_args(plan, options, supported_flags):
@@ -55,16 +60,22 @@ def llama_server_args(plan, options, supported_flags):
     args, dropped = [], []
     for flag, value in wanted:
         if flag not in supported:
-            if flag in ("--model", "--ctx-size", "--parallel", "--port", "--host"):
-                raise ValueError("the installed llama-server has no %s flag; it cannot run this plan" % flag)
+            if flag in _ESSENTIAL_FLAGS:
+                raise ValueError("the installed llama-server has no %s flag; it cannot run this plan as asked "
+                                 "(build a llama.cpp that has it: the llama_cpp stage)" % flag)
             dropped.append(flag)
             continue
         args.append(flag)
         if value is not None:
             args.append(str(value))
+    owned = set(flag for flag, _ in wanted) | set(_OWNED_ALIASES) | set(short for _, _, short, _ in PLAN_FLAGS)
     for extra in options.get("extra_args") or []:
         extra = str(extra)
-        if extra.startswith("-") and extra.split("=", 1)[0] not in supported:
+        name = extra.split("=", 1)[0]
+        if extra.startswith("-") and name in owned:
+            raise ValueError("llama_server_extra_args has %s, which the role sets itself (from the plan and the "
+                             "llama_server_* variables, after its checks): set the variable instead" % name)
+        if extra.startswith("-") and name not in supported:
             raise ValueError("llama_server_extra_args has %s, which the installed llama-server does not know" % extra)
         args.append(extra)
     return {"args": args, "dropped": dropped}
