@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import math
+
 
 class TuningError(Exception):
     """A request the card cannot honour (strict mode) or an NVML failure."""
@@ -85,6 +87,23 @@ def _w(value):
     return ("%.1f" % value).rstrip("0").rstrip(".")
 
 
+def _number(request, key, integer):
+    """request[key] as a positive, finite number (int when integer), or None when
+    unset; a TuningError naming the variable and the value otherwise (nan, inf, a
+    word, zero or less would otherwise pass a range check or end in a traceback)."""
+    value = request.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (integer and number != int(number)):
+        raise TuningError("gpu_tuning_%s must be a positive %s, got %r." % (key, "whole number" if integer else "number",
+                                                                         value))
+    return int(number) if integer else number
+
+
 def resolve(gpus, request, strict=False):
     """Per GPU, the settings to apply and why.
 
@@ -94,8 +113,11 @@ def resolve(gpus, request, strict=False):
     """
     if request.get("power_limit_w") is not None and request.get("power_limit_fraction") is not None:
         raise TuningError("Set either gpu_tuning_power_limit_w or gpu_tuning_power_limit_fraction, not both.")
-    fraction = request.get("power_limit_fraction")
-    if fraction is not None and not 0 < float(fraction) <= 1.5:
+    clock = _number(request, "locked_graphics_clock_mhz", integer=True)
+    watts = _number(request, "power_limit_w", integer=False)
+    memory_clock = _number(request, "memory_clock_mhz", integer=True)
+    fraction = _number(request, "power_limit_fraction", integer=False)
+    if fraction is not None and not 0 < fraction <= 1.5:
         raise TuningError("gpu_tuning_power_limit_fraction must be a fraction of the default limit "
                           "between 0 and 1.5 (got %s)." % fraction)
     settings = []
@@ -110,16 +132,14 @@ def resolve(gpus, request, strict=False):
             "memory_clock_mhz": None,
             "reasons": [],
         }
-        if request.get("locked_graphics_clock_mhz") is not None:
-            entry["locked_graphics_clock_mhz"], why = resolve_clock(
-                gpu, int(request["locked_graphics_clock_mhz"]), strict)
+        if clock is not None:
+            entry["locked_graphics_clock_mhz"], why = resolve_clock(gpu, clock, strict)
             entry["reasons"].append("graphics clock: " + why)
-        if request.get("power_limit_w") is not None or fraction is not None:
-            entry["power_limit_w"], why = resolve_power(
-                gpu, request.get("power_limit_w"), float(fraction) if fraction is not None else None, strict)
+        if watts is not None or fraction is not None:
+            entry["power_limit_w"], why = resolve_power(gpu, watts, fraction, strict)
             entry["reasons"].append("power limit: " + why)
-        if request.get("memory_clock_mhz") is not None:
-            entry["memory_clock_mhz"], why = resolve_memory_clock(gpu, int(request["memory_clock_mhz"]), strict)
+        if memory_clock is not None:
+            entry["memory_clock_mhz"], why = resolve_memory_clock(gpu, memory_clock, strict)
             entry["reasons"].append("memory clock: " + why)
         settings.append(entry)
     return settings

@@ -94,3 +94,14 @@ def test_module_without_nvml_says_what_to_do(gpu_host, tmp_path):
     result = run_module("gpu_settings", {}, env=env)
     assert result["failed"]
     assert "NVML does not answer" in result["msg"] and "nvidia_stack" in result["msg"]
+
+
+@pytest.mark.parametrize("key, value", [
+    ("power_limit_w", float("nan")), ("power_limit_w", "inf"), ("power_limit_w", -5), ("power_limit_w", "lots"),
+    ("locked_graphics_clock_mhz", "1410MHz"), ("locked_graphics_clock_mhz", 1410.5), ("locked_graphics_clock_mhz", 0),
+    ("memory_clock_mhz", True), ("power_limit_fraction", float("nan")),
+])
+def test_a_value_that_is_not_a_positive_number_is_refused_by_name(key, value):
+    """nan passed every range check ("within range") and a word ended in a traceback."""
+    with pytest.raises(TuningError, match="gpu_tuning_%s must be a positive" % key):
+        resolve([SXM2], {key: value})
