@@ -76,6 +76,40 @@ def _pseudo_layers(meta, name):
     return layers
 
 
+# Structural metadata the planner reads as counts: each a whole number >= 0 (or a
+# list of them, per layer), within what any llama.cpp model has.
+_COUNT_LIMITS = {
+    "block_count": 4096, "embedding_length": 1 << 20, "context_length": 1 << 26, "head_count": 1 << 14,
+    "head_count_kv": 1 << 14, "feed_forward_length": 1 << 22, "vocab_size": 1 << 24, "parameter_count": 1 << 50,
+    "key_length": 1 << 16, "value_length": 1 << 16, "sliding_window": 1 << 26,
+}
+
+
+def _check_counts(meta, size_bytes, name):
+    """Refuse metadata a plan would turn into nonsense (-c -1024, -ngl -4, an
+    infinite ceiling) or a traceback: a count of the wrong type, negative, or
+    beyond any model; names the key, the value and what is expected."""
+    def whole(key, value):
+        if isinstance(value, str) and value.strip().isdigit():  # a templated inventory value
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise PlanError("metadata of candidate %s: %s is %r, not a whole number" % (name, key, value))
+        if not 0 <= value <= _COUNT_LIMITS.get(key, 1 << 62):
+            raise PlanError("metadata of candidate %s: %s is %d, outside 0..%d" % (name, key, value,
+                                                                               _COUNT_LIMITS.get(key, 1 << 62)))
+    for key in _COUNT_LIMITS:
+        value = meta.get(key)
+        if value is None:
+            continue
+        for item in (value if isinstance(value, (list, tuple)) else [value]):
+            whole(key, item)
+    if meta.get("block_count") is not None and int(meta["block_count"]) < 1:
+        raise PlanError("metadata of candidate %s: block_count is %s; a model has at least one layer"
+                        % (name, meta["block_count"]))
+    if size_bytes is not None and not str(size_bytes).strip().isdigit():
+        raise PlanError("candidate %s: size_bytes is %r, not a byte count" % (name, size_bytes))
+
+
 def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declared"):
     """The planner's view of one candidate.
 
@@ -86,6 +120,7 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
     meta = _canonical(meta)
     label = str(quant or meta.get("file_type") or "").upper() or None
     name = label or path or "?"
+    _check_counts(meta, size_bytes, name)
     if not meta.get("block_count"):
         raise PlanError("metadata of candidate %s lacks block_count (the layer count)" % name)
     n_layer = int(meta["block_count"])

@@ -445,3 +445,28 @@ def test_h200_calibration(dense_meta):
     assert m["weights_bytes"] == 17161 * MIB
     assert m["kv_bytes"] == 4096 * MIB and m["compute_bytes"] == 307 * MIB
     assert abs(m["predicted_used_bytes"] / (22079 * MIB) - 1) < 0.02
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("block_count", -4, "outside 0..4096"), ("block_count", 1 << 40, "outside 0..4096"), ("block_count", 0, None),
+    ("context_length", -1024, "outside"), ("embedding_length", 5120.5, "not a whole number"),
+    ("head_count_kv", "eight", "not a whole number"), ("feed_forward_length", [27648, -1], "outside"),
+])
+def test_metadata_a_plan_would_turn_into_nonsense_is_refused(key, value, words):
+    """Negative, absurd or wrongly typed counts: a PlanError naming the key, never
+    a plan with -c -1024 or -ngl -4, never a traceback."""
+    meta = {"architecture": "qwen2", "block_count": 64, "context_length": 32768, "embedding_length": 5120,
+            "head_count": 40, "head_count_kv": 8, "feed_forward_length": 27648, "vocab_size": 152064}
+    meta[key] = value
+    with pytest.raises(lp.PlanError) as err:
+        lp.model_from_metadata("Q4_K_M", meta, size_bytes=19 << 30)
+    assert key in str(err.value) or (value == 0 and "block_count" in str(err.value))
+    if words:
+        assert words in str(err.value), str(err.value)
+
+
+def test_a_negative_size_is_refused():
+    meta = {"architecture": "qwen2", "block_count": 64, "embedding_length": 5120, "head_count": 40,
+            "head_count_kv": 8}
+    with pytest.raises(lp.PlanError, match="size_bytes is -1"):
+        lp.model_from_metadata("Q4_K_M", meta, size_bytes=-1)
