@@ -18,6 +18,10 @@
 #                              cffi, pycparser) for this Python; jinja2, MarkupSafe,
 #                              PyYAML, packaging come from the machine's Python
 #   .gpuhost/wheelhouse/       wheels of roles/fleet_common/files/requirements-host.txt
+#                              for the machine's Python (3.12 on the lent H200):
+#                              pip download -r roles/fleet_common/files/requirements-host.txt
+#                                --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+#                                --platform manylinux_2_28_x86_64 -d .gpuhost/wheelhouse
 #   .gpuhost/collections.tar.gz  ansible_collections/ansible/posix (ansible.cfg's callbacks)
 #   .cache/harness/llama.cpp-0c1e57098bba.tar.gz  the pinned source
 # Results in $OUT (default /root/gpu-host-out); BUNDLE=<file.tgz>: also packed into one file.
