@@ -68,6 +68,9 @@ settings:
       reasons:
         - "graphics clock: requested 1410 MHz is above this card's maximum, clamped to 1380 MHz"
         - "power limit: requested 300 W is above this card's maximum, clamped to 250 W"
+      warnings:
+        - "GPU 0 (Tesla V100-PCIE-16GB) graphics clock: requested 1410 MHz is above this card's maximum, clamped to 1380 MHz"
+        - "GPU 0 (Tesla V100-PCIE-16GB) power limit: requested 300 W is above this card's maximum, clamped to 250 W"
 drift:
   description: Per GPU uuid, the resolved settings the card does not hold now.
   returned: success
@@ -130,6 +133,9 @@ def main():
         module.fail_json(msg="NVML failed while reading the GPUs: %s" % err)
     finally:
         pynvml.nvmlShutdown()
+    for entry in settings:
+        for warning in entry["warnings"]:
+            module.warn(warning)
     module.exit_json(
         changed=False,
         settings=settings,
