@@ -28,6 +28,9 @@ _spec = importlib.util.spec_from_file_location(
     "llama_server_filters", ROOT / "roles" / "llama_server" / "filter_plugins" / "llama_server.py")
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
+_unit_spec = importlib.util.spec_from_file_location("systemd_unit_filters", ROOT / "filter_plugins" / "systemd_unit.py")
+unit_filters = importlib.util.module_from_spec(_unit_spec)
+_unit_spec.loader.exec_module(unit_filters)
 
 SYSTEMD_SINCE = {
     # [Unit] / [Install]
@@ -38,7 +41,7 @@ SYSTEMD_SINCE = {
     "LimitNOFILE": 0, "Environment": 0, "UMask": 0, "PrivateTmp": 0, "CapabilityBoundingSet": 0,
     "CPUAffinity": 0, "DeviceAllow": 208, "DevicePolicy": 208,
     "NoNewPrivileges": 187, "SystemCallFilter": 187, "SystemCallArchitectures": 209, "SystemCallErrorNumber": 209,
-    "RestrictAddressFamilies": 211, "ProtectSystem": 214, "ProtectHome": 214, "AmbientCapabilities": 229,
+    "RestrictAddressFamilies": 211, "ProtectSystem": 214, "ProtectHome": 214, "PrivateMounts": 239, "AmbientCapabilities": 229,
     "RestrictRealtime": 231, "ReadWritePaths": 231, "ProtectKernelTunables": 232, "ProtectKernelModules": 232,
     "ProtectControlGroups": 232, "RemoveIPC": 232, "RestrictNamespaces": 233, "LockPersonality": 235,
     "ProtectHostname": 242, "RestrictSUIDSGID": 242, "NUMAPolicy": 243, "NUMAMask": 243,
@@ -85,6 +88,7 @@ def _env():
     env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["quote"] = lambda s: shlex.quote(str(s))
     env.filters.update(filters.FilterModule().filters())
+    env.filters.update(unit_filters.FilterModule().filters())
     return env
 
 
@@ -166,9 +170,9 @@ def test_the_dropin_binds_to_the_gpus_cpus_explicitly():
     assert "CPUAffinity=0-19 40-59" in lines
     assert "NUMAPolicy=bind" in lines and "NUMAMask=1" in lines
     assert "CPUAffinity=numa" not in lines
-    assert "Environment=CUDA_MODULE_LOADING=LAZY" in lines
-    assert lines.index("Environment=CUDA_VISIBLE_DEVICES=GPU-1111") < lines.index("Environment=CUDA_MODULE_LOADING=LAZY")
-    assert "ExecStart=/opt/llm-fleet/llama.cpp/abc123/bin/llama-server --model '/m/q 4.gguf' --ctx-size 32768" in lines
+    assert 'Environment="CUDA_MODULE_LOADING=LAZY"' in lines
+    assert lines.index('Environment="CUDA_VISIBLE_DEVICES=GPU-1111"') < lines.index('Environment="CUDA_MODULE_LOADING=LAZY"')
+    assert 'ExecStart=/opt/llm-fleet/llama.cpp/abc123/bin/llama-server --model "/m/q 4.gguf" --ctx-size 32768' in lines
 
 
 def test_the_dropin_leaves_out_what_the_host_lacks():

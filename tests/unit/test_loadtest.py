@@ -153,7 +153,9 @@ def test_refuses_anything_but_this_host(url):
 
 @pytest.mark.parametrize("url,expected", [("http://127.0.0.1:8081", ("127.0.0.1", 8081)),
                                           ("http://localhost:9000/", ("localhost", 9000)),
-                                          ("http://[::1]:8080", ("::1", 8080))])
+                                          ("http://[::1]:8080", ("::1", 8080)),
+                                          # an address of this host (an instance bound to it): 127.0.0.2 is on lo
+                                          ("http://127.0.0.2:8080", ("127.0.0.2", 8080))])
 def test_accepts_loopback(url, expected):
     assert lt.check_local(url) == expected
 

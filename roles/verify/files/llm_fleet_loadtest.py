@@ -65,10 +65,30 @@ def check_local(url):
     if parts.scheme != "http":
         raise LoadTestError("only plain http:// URLs on this host are tested, got %r" % url)
     host = parts.hostname or ""
-    if host not in LOCAL_HOSTS:
-        raise LoadTestError("refusing to load-test %r: only 127.0.0.1, localhost or ::1 (this host) are allowed"
-                            % host)
+    if host not in LOCAL_HOSTS and not is_own_address(host):
+        raise LoadTestError("refusing to load-test %r: only 127.0.0.1, localhost, ::1 or an address of this host "
+                            "are allowed" % host)
     return host, parts.port or 80
+
+
+def is_own_address(host):
+    """True when `host` is an IP address of this machine (an instance bound to one
+    address of the host): only a local address can be bound to."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if host in ("0.0.0.0", "::"):
+        return False  # binds anywhere, names no address
+    try:
+        socket.inet_pton(family, host)
+        probe = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return False
+    try:
+        probe.bind((host, 0))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def read_api_key(path):
