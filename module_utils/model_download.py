@@ -12,6 +12,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -467,6 +468,16 @@ def download(spec, directory, headers=None, hf_token=None, timeout=DEFAULT_TIMEO
                         try:
                             out.write(block)
                         except (OSError, IOError) as err:
+                            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                                # A full disk helps no one: give the space back and say how much is needed.
+                                out.close()
+                                _remove(part)
+                                raise FetchError(
+                                    "The disk holding %s filled up at byte %d of %s; the partial file was removed. "
+                                    "%s needs %s free there (plus llm_model_min_free_bytes): free space, or put the "
+                                    "models on a larger filesystem (llm_model_dir)."
+                                    % (directory, offset + len(block), "%d" % expected if expected else "?", name,
+                                       human_bytes(expected) if expected else "more than %s" % human_bytes(offset)))
                             raise FetchError("Cannot write %s: %s" % (part, err))
                         hasher.update(block)
                         offset += len(block)
@@ -542,9 +553,9 @@ def normalize_specs(files):
         else:
             default = os.path.basename(path)
         name = item.get("name") or default
-        if not name or "/" in name or name.startswith("."):
-            raise FetchError("%s: cannot name the file from %r; give it a name (no '/', not starting with '.')"
-                             % (what, url or path))
+        if not name or "/" in name or name.startswith(".") or re.search(r"[\x00-\x1f\x7f]", name):
+            raise FetchError("%s: cannot name the file %r (from %r); give it a name without '/' or control "
+                             "characters, not starting with '.'" % (what, name, redact_url(url) if url else path))
         if name in names:
             raise FetchError("%s: two files would be written as %s; give them different names" % (what, name))
         names.add(name)

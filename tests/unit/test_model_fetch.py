@@ -280,6 +280,20 @@ def test_not_enough_disk_space_is_refused_before_downloading(server, payload, tm
     assert server["requests"] == []
 
 
+def test_a_disk_that_fills_up_gets_its_space_back(server, payload, tmp_path):
+    """When the catalogue gives no size and the server none either, the free-space check cannot run
+    first: a download that fills the disk must not leave its partial file holding the disk at 100%."""
+    entry = one(server, payload)
+    del entry["size_bytes"]
+    # The partial file is written through a link to /dev/full, which answers every write with ENOSPC.
+    os.symlink("/dev/full", md.partial_path(str(tmp_path), "model-Q4_K_M.gguf", sha(payload)))
+    result = fetch(tmp_path, [entry])
+    assert result["failed"]
+    assert "filled up" in result["msg"] and "partial file was removed" in result["msg"], result["msg"]
+    assert "llm_model_dir" in result["msg"]
+    assert leftovers(tmp_path) == [] and not (tmp_path / "model-Q4_K_M.gguf").exists()
+
+
 def test_check_space_names_needed_and_free():
     with pytest.raises(md.FetchError) as err:
         md.check_space("/models", 20 * (1 << 30), 1 << 30, "Q4_K_M.gguf", free=12 * (1 << 30))
@@ -406,6 +420,9 @@ def test_the_hugging_face_token_goes_to_hugging_face_only(server, payload, tmp_p
     ([{"url": "http://x/a.gguf", "sha256": "a" * 64}, {"url": "http://y/a.gguf", "sha256": "b" * 64}],
      "two files would be written as a.gguf"),
     ([{"url": "http://x/a.gguf", "path": "/a.gguf", "sha256": "a" * 64}], "mutually exclusive"),
+    # a name lands in a systemd unit and a log line: no newline, no escape sequence
+    ([{"url": "http://x/a%0AExecStartPre=+id.gguf", "sha256": "a" * 64}], "without '/' or control characters"),
+    ([{"url": "http://x/a.gguf", "name": "a\x1b[2J.gguf", "sha256": "a" * 64}], "control characters"),
 ])
 def test_bad_arguments_are_named(tmp_path, files, words):
     result = fetch(tmp_path, files)
