@@ -3,6 +3,7 @@
 stage's own playbook run again as an operator would (rerun, API key, a bad model,
 a reboot). The simulated GPUs compute nothing: the CPU serves the tiny model."""
 import json
+import re
 import shlex
 
 import pytest
@@ -15,15 +16,15 @@ TWO_GPUS = "fleet-2x-sxm2-16gb"
 pytestmark = only_in_scenario("fleet")
 
 
-def http(host, port, path, body=None, key=None):
+def http(host, port, path, body=None, key=None, address="127.0.0.1"):
     """(status, parsed JSON body) of a request made on the host itself."""
     script = (
         "import json,sys,urllib.request as u\n"
-        "req=u.Request('http://127.0.0.1:%d%s', data=%r, headers={'Content-Type':'application/json'})\n"
+        "req=u.Request('http://%s:%d%s', data=%r, headers={'Content-Type':'application/json'})\n"
         "%s"
         "try:\n r=u.urlopen(req, timeout=120); print(json.dumps([r.status, json.load(r)]))\n"
         "except u.HTTPError as e:\n print(json.dumps([e.code, None]))\n"
-        % (port, path, json.dumps(body).encode() if body is not None else None,
+        % (address, port, path, json.dumps(body).encode() if body is not None else None,
            "req.add_header('Authorization','Bearer %s')\n" % key if key else ""))
     out = host.check_output("python3 -c %s" % shlex.quote(script))
     return json.loads(out)
@@ -136,6 +137,37 @@ def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path)
     assert result.returncode != 0
     assert "rolled back to the last plan that worked" in " ".join(result.stdout.split())
     assert flag(cmdline(host, main_pid(host, 0)), "--model") == plans[0]["model_path"]
+    assert http(host, 8080, "/health")[0] == 200
+
+
+def test_an_interrupted_rollout_is_finished_by_the_next_run(tmp_path):
+    """A run killed between writing a drop-in and restarting used to leave the old process serving
+    while the next run saw nothing to do (the drop-in already said the new plan). Reproduced exactly:
+    serve plan A (on ::1, under an alias systemd would expand), then put plan B's drop-in in place
+    without a restart, as the interrupted run leaves it; the next run of plan B must restart and gate."""
+    host = node(ONE_GPU)
+    dropin = "/etc/systemd/system/llama-server@0.service.d/plan.conf"
+    saved = host.check_output("cat %s" % dropin)          # plan B: what the role renders by default
+    alias = 'tiny "50%" $HOME %i \\ it\'s'
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
+                          extra_vars={"llama_server_host": "::1", "llama_server_alias": alias})
+    assert result.returncode == 0, result.stdout[-3000:]
+    args = cmdline(host, main_pid(host, 0))
+    assert flag(args, "--host") == "::1" and flag(args, "--alias") == alias
+    status, models = http(host, 8080, "/v1/models", address="[::1]")
+    assert status == 200 and models["data"][0]["id"] == alias
+    pid_a = main_pid(host, 0)
+
+    # What an interrupted run of plan B leaves: its drop-in written, systemd reloaded, no restart.
+    host.run_expect([0], "printf '%%s\\n' %s > %s && systemctl daemon-reload" % (shlex.quote(saved), dropin))
+    assert main_pid(host, 0) == pid_a
+    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    # The drop-in was already plan B's: only the serving record can tell the role to restart.
+    written = re.search(r"TASK \[llama_server : Write the plan into the unit of GPU 0\][^\n]*\n(\w+):", result.stdout)
+    assert written and written.group(1) == "ok", result.stdout[-3000:]
+    assert main_pid(host, 0) != pid_a, "the instance still runs the plan the interrupted run replaced"
+    assert flag(cmdline(host, main_pid(host, 0)), "--host") == "127.0.0.1"
     assert http(host, 8080, "/health")[0] == 200
 
 
