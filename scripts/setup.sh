@@ -55,6 +55,14 @@ if [ "$(cat "$venv/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
   echo "$req_hash" > "$venv/.requirements-hash"
 fi
 
+# The collections requirements.yml pins come with the `ansible` package; Galaxy only
+# when they do not (it may be unreachable).
+if ! "$venv/bin/python" scripts/check-collections.py "$venv/bin/ansible-galaxy" 2>/dev/null; then
+  step "installing the collections of requirements.yml"
+  "$venv/bin/ansible-galaxy" collection install -r requirements.yml
+  "$venv/bin/python" scripts/check-collections.py "$venv/bin/ansible-galaxy"
+fi
+
 # --- 4. Simulated fleet: image, NVIDIA apt mirror, wheelhouse ------------------
 step "simulated host image (Debian 12)"
 tests/harness/image/build-image.sh llm-fleet/host:bookworm bookworm
