@@ -79,6 +79,11 @@ options:
     description: Trust (and write) the sidecar checksum cache; false rehashes every file.
     type: bool
     default: true
+  progress_file:
+    description:
+      - Where to write the download's progress as JSON (file, done_bytes, total_bytes, rate_bytes_per_s, eta_s,
+        finished), every 2 seconds, for a role that runs the module in the background (async) to report it.
+    type: path
 extends_documentation_fragment:
   - files
 notes:
@@ -146,7 +151,12 @@ paths:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.model_download import DEFAULT_MIN_FREE_BYTES, FetchError, fetch_all
+from ansible.module_utils.model_download import DEFAULT_MIN_FREE_BYTES, FetchError, ProgressFile, fetch_all
+
+
+def _finish(progress, error=None):
+    if progress is not None:
+        progress.finish(error)
 
 
 def main():
@@ -167,6 +177,7 @@ def main():
             retry_delay=dict(type="float", default=2.0),
             min_free_bytes=dict(type="int", default=DEFAULT_MIN_FREE_BYTES),
             checksum_cache=dict(type="bool", default=True),
+            progress_file=dict(type="path"),
         ),
         add_file_common_args=True,
         supports_check_mode=True,
@@ -175,16 +186,20 @@ def main():
     if params["timeout"] < 1 or params["retries"] < 0 or params["min_free_bytes"] < 0:
         module.fail_json(msg="timeout must be at least 1, retries and min_free_bytes at least 0 (got %s, %s, %s)"
                              % (params["timeout"], params["retries"], params["min_free_bytes"]))
+    progress = ProgressFile(params["progress_file"]) if params["progress_file"] and not module.check_mode else None
     try:
         result = fetch_all(
             params["files"], params["dest"], check_mode=module.check_mode, headers=params["headers"],
             hf_token=params["hf_token"], timeout=params["timeout"], retries=params["retries"],
             retry_delay=params["retry_delay"], min_free_bytes=params["min_free_bytes"],
-            checksum_cache=params["checksum_cache"])
+            checksum_cache=params["checksum_cache"], progress=progress)
     except FetchError as err:
+        _finish(progress, str(err))
         module.fail_json(msg=str(err))
     except (OSError, IOError) as err:
+        _finish(progress, str(err))
         module.fail_json(msg="model_fetch failed on %s: %s" % (getattr(err, "filename", None) or params["dest"], err))
+    _finish(progress)
 
     changed = result["changed"]
     # Ownership and mode of the files in dest (pre-staged files are left alone).

@@ -401,7 +401,7 @@ def _prefix_hasher(part, offset):
 
 
 def download(spec, directory, headers=None, hf_token=None, timeout=DEFAULT_TIMEOUT, retries=3, retry_delay=2.0,
-             min_free_bytes=DEFAULT_MIN_FREE_BYTES, sleep=time.sleep):
+             min_free_bytes=DEFAULT_MIN_FREE_BYTES, sleep=time.sleep, progress=None):
     """Fetch one file into `directory`/name: resume a partial download of the same
     version, verify the sha256, rename into place. Returns the file's record."""
     name, sha, size = spec["name"], spec["sha256"], spec.get("size_bytes")
@@ -482,6 +482,8 @@ def download(spec, directory, headers=None, hf_token=None, timeout=DEFAULT_TIMEO
                         hasher.update(block)
                         offset += len(block)
                         downloaded += len(block)
+                        if progress is not None:
+                            progress.update(name, offset, expected, started, resumed_from)
                         if expected is not None and offset > expected:
                             raise FetchError("%s sent more than the %d bytes expected: fix size_bytes in the "
                                              "catalogue, or the url." % (shown, expected))
@@ -522,6 +524,39 @@ def download(spec, directory, headers=None, hf_token=None, timeout=DEFAULT_TIMEO
         "sha256": digest, "size_bytes": st.st_size, "bytes_downloaded": downloaded, "resumed_from": resumed_from,
         "elapsed": round(time.time() - started, 3), "attempts": attempts, "checksum_source": "download",
     }
+
+
+# --- progress, for the role to report while the module runs (async) ----------------
+
+class ProgressFile(object):
+    """The download's progress as JSON in `path`, replaced atomically at most
+    every `interval` seconds: {file, done_bytes, total_bytes, rate_bytes_per_s,
+    eta_s, finished}. The llm_model role polls it while the module runs in the
+    background and prints it (a 20 GB download is otherwise one silent task)."""
+
+    def __init__(self, path, interval=2.0, clock=time.time):
+        self.path, self.interval, self.clock = path, interval, clock
+        self.written_at = None
+
+    def _write(self, record):
+        tmp = "%s.%d.tmp" % (self.path, os.getpid())
+        with open(tmp, "w") as handle:
+            json.dump(record, handle, sort_keys=True)
+        os.rename(tmp, self.path)
+
+    def update(self, name, done, total, started, resumed_from, force=False):
+        now = self.clock()
+        if not force and self.written_at is not None and now - self.written_at < self.interval:
+            return
+        self.written_at = now
+        elapsed = max(now - started, 1e-6)
+        rate = (done - resumed_from) / elapsed
+        eta = (total - done) / rate if total is not None and rate > 0 else None
+        self._write({"file": name, "done_bytes": done, "total_bytes": total, "rate_bytes_per_s": round(rate),
+                     "eta_s": None if eta is None else round(eta), "finished": False})
+
+    def finish(self, error=None):
+        self._write({"finished": True, "error": error})
 
 
 # --- the whole request ------------------------------------------------------------
@@ -565,7 +600,8 @@ def normalize_specs(files):
 
 
 def fetch_all(files, directory, check_mode=False, headers=None, hf_token=None, timeout=DEFAULT_TIMEOUT, retries=3,
-              retry_delay=2.0, min_free_bytes=DEFAULT_MIN_FREE_BYTES, checksum_cache=True, sleep=time.sleep):
+              retry_delay=2.0, min_free_bytes=DEFAULT_MIN_FREE_BYTES, checksum_cache=True, sleep=time.sleep,
+              progress=None):
     """Put every file of `files` in place (or, in check mode, say what would be
     done). Returns {changed, files, bytes_downloaded, elapsed}; raises FetchError."""
     specs = normalize_specs(files)
@@ -607,7 +643,8 @@ def fetch_all(files, directory, check_mode=False, headers=None, hf_token=None, t
                     results[index] = again
                     continue
                 result = download(spec, directory, headers=headers, hf_token=hf_token, timeout=timeout,
-                                  retries=retries, retry_delay=retry_delay, min_free_bytes=min_free_bytes, sleep=sleep)
+                                  retries=retries, retry_delay=retry_delay, min_free_bytes=min_free_bytes, sleep=sleep,
+                                  progress=progress)
                 for key in ("replaces", "replaces_sha256", "replaces_size_bytes"):
                     if key in state:
                         result[key] = state[key]

@@ -4,6 +4,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
     "llama_cpp_filters", ROOT / "roles" / "llama_cpp" / "filter_plugins" / "llama_cpp.py")
@@ -143,3 +145,18 @@ def test_the_build_key_names_commit_backend_archs_and_hashes_the_rest():
     assert filters.llama_cpp_build_key(dict(material, targets=[]), "0c1e57098", "cuda", ["70"]) != key
     assert re.match(r"^0c1e57098-cpu-[0-9a-f]{10}$", filters.llama_cpp_build_key(material, "0c1e57098", "cpu", []))
     assert "-sm70-sm80-" in filters.llama_cpp_build_key(material, "0c1e57098", "cuda", ["70", "80"])
+
+
+@pytest.mark.parametrize("text, said", [
+    ("-- Configuring done\n-- Generating done\n", "configuring (ninja has not started a step yet)"),
+    ("", "configuring (ninja has not started a step yet)"),
+    (None, "configuring (ninja has not started a step yet)"),
+    ("[1/980] Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o\n"
+     "[412/980] Building CUDA object ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/mmq.cu.o\n", "step 412 of 980 (42%)"),
+    # a line cut by `tail -c` at the start, then nvcc's warnings between steps
+    ("/980] Building CXX\n[97/980] Linking CXX shared library bin/libggml-base.so\nwarning: x\n",
+     "step 97 of 980 (9%)"),
+    ("[980/980] Linking CXX executable bin/llama-server\n", "step 980 of 980 (100%)"),
+])
+def test_ninja_progress(text, said):
+    assert filters.llama_cpp_ninja_progress(text) == said

@@ -573,3 +573,54 @@ def test_the_record_is_what_a_rerun_reproduces():
                                {"results": [{"skipped": True, "item": PLAN}]}, "/x/llama-fit-params", "Qwen2.5-32B",
                                "/m", {"target_ctx": 16384})
     assert rerun == record
+
+
+# --- progress while the module runs in the background ------------------------------
+
+def test_the_progress_file_says_how_far_and_then_finished(server, payload, tmp_path):
+    progress = tmp_path / "progress.json"
+    (tmp_path / "models").mkdir()
+    result = fetch(tmp_path / "models", [one(server, payload)], progress_file=str(progress))
+    assert not result.get("failed"), result.get("msg")
+    assert json.loads(progress.read_text()) == {"finished": True, "error": None}
+
+
+def test_a_failed_download_finishes_its_progress_file_with_the_error(server, payload, tmp_path):
+    progress = tmp_path / "progress.json"
+    (tmp_path / "models").mkdir()
+    entry = dict(one(server, payload), sha256="0" * 64)
+    result = fetch(tmp_path / "models", [entry], progress_file=str(progress))
+    assert result["failed"]
+    record = json.loads(progress.read_text())
+    assert record["finished"] is True and "Checksum mismatch" in record["error"]
+
+
+def test_progress_is_written_at_most_every_interval(tmp_path):
+    now = [100.0]
+    progress = md.ProgressFile(str(tmp_path / "p.json"), interval=2.0, clock=lambda: now[0])
+    progress.update("m.gguf", 1 * MIB, 10 * MIB, started=99.0, resumed_from=0)
+    first = json.loads((tmp_path / "p.json").read_text())
+    assert first == {"file": "m.gguf", "done_bytes": MIB, "total_bytes": 10 * MIB, "rate_bytes_per_s": MIB,
+                     "eta_s": 9, "finished": False}
+    now[0] = 101.0
+    progress.update("m.gguf", 2 * MIB, 10 * MIB, started=99.0, resumed_from=0)
+    assert json.loads((tmp_path / "p.json").read_text()) == first       # within the interval: not rewritten
+    now[0] = 103.0
+    progress.update("m.gguf", 8 * MIB, 10 * MIB, started=99.0, resumed_from=4 * MIB)
+    assert json.loads((tmp_path / "p.json").read_text())["rate_bytes_per_s"] == MIB   # resumed bytes not counted
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]            # no temporary file left
+
+
+def test_the_role_prints_one_line_of_progress():
+    spec = importlib.util.spec_from_file_location("llm_model_filters",
+                                                  ROOT / "roles/llm_model/filter_plugins/llm_model.py")
+    filters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(filters)
+    line = filters.llm_model_progress_line(json.dumps({
+        "file": "gemma-Q4_K_M.gguf", "done_bytes": 4 << 30, "total_bytes": 16 << 30,
+        "rate_bytes_per_s": 85 << 20, "eta_s": 145, "finished": False}))
+    assert line == "gemma-Q4_K_M.gguf: 4.0 GiB of 16.0 GiB (25%), 85.0 MiB/s, about 2 min 25 s left"
+    assert "no download under way" in filters.llm_model_progress_line("")
+    assert "no download under way" in filters.llm_model_progress_line("{trunc")
+    assert filters.llm_model_progress_line(json.dumps({"file": "a.gguf", "done_bytes": 10, "total_bytes": None,
+                                                       "rate_bytes_per_s": 0, "eta_s": None})) == "a.gguf: 10 B, 0 B/s"

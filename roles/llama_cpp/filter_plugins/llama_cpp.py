@@ -92,6 +92,16 @@ def llama_cpp_build_key(material, commit_label, backend, archs):
     return "%s-%s" % (label, digest)
 
 
+def llama_cpp_ninja_progress(text):
+    """What the end of ninja's output says of its progress: 'step 412 of 980 (42%)',
+    or that it has not started compiling yet."""
+    steps = re.findall(r"^\[(\d+)/(\d+)\]", str(text or ""), re.M)
+    if not steps:
+        return "configuring (ninja has not started a step yet)"
+    done, total = (int(n) for n in steps[-1])
+    return "step %d of %d (%d%%)" % (done, total, 100 * done // max(total, 1))
+
+
 def llama_cpp_build_plan(builds, build_host=""):
     """Group the hosts' builds by build key.
 
@@ -115,6 +125,7 @@ def llama_cpp_build_plan(builds, build_host=""):
 class FilterModule(object):
     def filters(self):
         return {
+            "llama_cpp_ninja_progress": llama_cpp_ninja_progress,
             "llama_cpp_build_key": llama_cpp_build_key,
             "llama_cpp_build_plan": llama_cpp_build_plan,
             "llama_cpp_cmake_flags": llama_cpp_cmake_flags,

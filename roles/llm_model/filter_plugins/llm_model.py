@@ -16,6 +16,7 @@ filters turn it into what the modules take and what the stage records:
 
 Plain functions over plain dicts, so the unit tests load this file directly.
 """
+import json
 import os
 import re
 from urllib.parse import quote, unquote, urlsplit
@@ -315,6 +316,33 @@ def llm_model_fit_estimate(result, plan, tool):
     return record
 
 
+def _bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return "%.1f %s" % (n / float(size), unit)
+    return "%d B" % n
+
+
+def llm_model_progress_line(text):
+    """One line from model_fetch's progress file: file, bytes, share, rate, time left."""
+    try:
+        record = json.loads(text) if str(text or "").strip() else {}
+    except ValueError:
+        record = {}
+    if not record.get("file"):
+        return "checking the files already there (no download under way yet)"
+    done, total, rate = record.get("done_bytes") or 0, record.get("total_bytes"), record.get("rate_bytes_per_s") or 0
+    line = "%s: %s" % (record["file"], _bytes(done))
+    if total:
+        line += " of %s (%d%%)" % (_bytes(total), 100 * done // max(total, 1))
+    line += ", %s/s" % _bytes(rate)
+    eta = record.get("eta_s")
+    if eta is not None:
+        minutes, seconds = divmod(int(eta), 60)
+        line += ", about %s left" % ("%d min %d s" % (minutes, seconds) if minutes else "%d s" % seconds)
+    return line
+
+
 def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", model_name="", model_dir="",
                      policy=None, choice=None):
     """What the stage records (plan.json and the local fact): the plans, each with
@@ -363,4 +391,5 @@ class FilterModule(object):
             "llm_model_fit_argv": llm_model_fit_argv,
             "llm_model_fit_estimate": llm_model_fit_estimate,
             "llm_model_record": llm_model_record,
+            "llm_model_progress_line": llm_model_progress_line,
         }
