@@ -624,3 +624,20 @@ def test_the_role_prints_one_line_of_progress():
     assert "no download under way" in filters.llm_model_progress_line("{trunc")
     assert filters.llm_model_progress_line(json.dumps({"file": "a.gguf", "done_bytes": 10, "total_bytes": None,
                                                        "rate_bytes_per_s": 0, "eta_s": None})) == "a.gguf: 10 B, 0 B/s"
+
+
+def test_bit_rot_the_cache_cannot_see_is_found_by_a_full_check(server, payload, tmp_path):
+    """A flipped byte keeps size, mtime and inode: the cache trusts it; checksum_cache=false
+    (llm_model_verify_checksums) rehashes, finds it and fetches the file again."""
+    spec = one(server, payload)
+    assert not fetch(tmp_path, [spec]).get("failed")
+    target = tmp_path / "model-Q4_K_M.gguf"
+    before = target.stat()
+    with open(target, "r+b") as handle:
+        handle.seek(1000)
+        handle.write(bytes([payload[1000] ^ 0x01]))
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert fetch(tmp_path, [spec])["files"][0]["checksum_source"] == "cache"   # what bit rot looks like
+    checked = fetch(tmp_path, [spec], checksum_cache=False)
+    assert checked["changed"] is True and checked["files"][0]["action"] == "downloaded"
+    assert target.read_bytes() == payload

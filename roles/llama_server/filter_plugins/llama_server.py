@@ -88,12 +88,14 @@ def llama_server_health_retries(model_bytes, base_s, per_gib_s, delay_s):
     return int(math.ceil(seconds / float(delay_s)))
 
 
-def llama_server_instance(plan, base_port):
-    """What the local fact records of one instance."""
+def llama_server_instance(plan, base_port, build_key=""):
+    """What the local fact records of one instance (build_key: the llama.cpp build
+    it runs, which the llama_cpp stage never prunes)."""
     keys = ("gpu_index", "gpu_uuid", "model_path", "quant", "ctx_size", "parallel", "cache_type_k", "cache_type_v")
     entry = {key: plan.get(key) for key in keys}
     entry["port"] = int(base_port) + int(plan["gpu_index"])
     entry["unit"] = "llama-server@%s.service" % plan["gpu_index"]
+    entry["build_key"] = build_key
     return entry
 
 
