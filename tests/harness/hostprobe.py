@@ -84,7 +84,7 @@ def harness_group_vars():
         return yaml.safe_load(handle)
 
 
-def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None):
+def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None):
     """Run one of the project's playbooks against simulated hosts (put in
     gpu_servers) the way an operator would, with an inventory written here.
     Returns the CompletedProcess; output is in .stdout."""
@@ -102,6 +102,8 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None):
         argv += ["-e", json.dumps(extra_vars)]
     if check:
         argv.append("--check")
+    if skip_tags:
+        argv += ["--skip-tags", ",".join(skip_tags)]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(repo, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=1200)
