@@ -44,6 +44,12 @@ def files_from_diff(text):
     return files
 
 
+def systemd_words(value):
+    """The words of an ExecStart=/Environment= value as systemd reads them: quotes and
+    backslash escapes (shlex), then %% and $$ (the role escapes % and $ that way)."""
+    return [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(value)]
+
+
 def service_lines(content, key):
     return [line.split("=", 1)[1] for line in content.splitlines() if line.startswith(key + "=")]
 
@@ -60,11 +66,11 @@ def units(text):
         exec_start = [v for v in service_lines(content, "ExecStart") if v]
         env = {}
         for value in service_lines(template, "Environment") + service_lines(content, "Environment"):
-            for assignment in shlex.split(value):
+            for assignment in systemd_words(value):
                 name, _, val = assignment.partition("=")
                 env[name] = val
         out[match.group(1)] = {"dropin": path, "exec_start": exec_start[-1] if exec_start else None,
-                               "argv": shlex.split(exec_start[-1]) if exec_start else [],
+                               "argv": systemd_words(exec_start[-1]) if exec_start else [],
                                "environment": env, "dropin_text": content}
     return out
 
