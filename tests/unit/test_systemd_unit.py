@@ -123,3 +123,14 @@ def test_every_control_character_is_refused(value):
 def test_exec_args_wants_a_list():
     with pytest.raises(AnsibleFilterError, match="list"):
         unit_filters.systemd_exec_args("--model x")
+
+
+def test_a_model_replaced_under_the_same_name_changes_the_dropin():
+    """Same path, same plan figures, another file: only its sha256 tells, so the drop-in carries it
+    and the role restarts and gates the instance onto the new file."""
+    old = render(DROPIN, _vars(252, llama_server_plan=dict(PLAN, model_sha256=["a" * 64])))
+    new = render(DROPIN, _vars(252, llama_server_plan=dict(PLAN, model_sha256=["b" * 64])))
+    assert "# model sha256 " + "a" * 64 in old.splitlines()
+    assert old != new
+    # a hand-written plan without checksums still renders
+    assert "# model sha256 -" in render(DROPIN, _vars(252)).splitlines()
