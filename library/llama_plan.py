@@ -17,10 +17,11 @@ description:
     saying why.
   - "Quantization: among the candidates that fit fully on the card with C(min_parallel)
     slots of C(min_ctx) tokens (with the most compact allowed cache type if need be), the
-    best quality (highest bits per weight) whose decode ceiling meets C(min_decode_tps);
-    if none does, the fastest that fits, with a warning. Ceiling = memory bandwidth / bytes
-    read per token = weights on the GPU + the cache a stream reads with its slot
-    C(kv_fill) full."
+    best quality (highest bits per weight) whose expected decode meets C(min_decode_tps);
+    if none does, the fastest expected that fits, with a warning. Ceiling = memory
+    bandwidth / bytes read per token = weights on the GPU + the cache a stream reads with
+    its slot C(kv_fill) full; expected = ceiling x the efficiency llama.cpp reaches on
+    that GPU family with that weight type (the fleet's calibration, else a measured table)."
   - "Then slots and context: as many slots as possible up to C(target_parallel), each with at
     least C(min_ctx) tokens; then context up to C(target_ctx) in total (capped at the
     model's trained context per slot); f16 KV when it reaches that target, else the cache
@@ -64,7 +65,8 @@ options:
       - C(cache_types) (list, default C([f16, q8_0])) KV cache types allowed, in order of
         preference; among C(f16), C(q8_0), C(q4_0).
       - C(headroom_bytes) (int, default 536870912 = 512 MiB) left free on the card.
-      - C(min_decode_tps) (float, default 40) single-stream decode ceiling floor.
+      - C(min_decode_tps) (float, default 25) floor on the expected single-stream decode
+        (the ceiling times the decode efficiency of the GPU family and weight type).
       - C(allow_partial_offload) (bool, default false).
       - C(overhead_bytes) (int, default 603979776 = 576 MiB) CUDA context, cuBLAS workspace
         and pool of one llama-server process.
@@ -77,6 +79,15 @@ options:
       - C(kv_fill) (float, default 0.5) how full a slot is for the decode ceiling.
       - C(host_memory_bandwidth_bytes_per_s) (float, default 100e9) used for the ceiling of a
         partial offload only.
+    type: dict
+    default: {}
+  calibration:
+    description:
+      - The fleet's measured decode efficiencies, as the verify stage keeps them on the
+        controller (C({version, records})); a record counts for GPUs of the same name
+        (then family), weight type family and architecture kind. Empty or omitted - the
+        built-in table of C(module_utils/plan_speed.py) only. Each plan says which figure
+        it used (C(decode_efficiency.source)).
     type: dict
     default: {}
 requirements:
@@ -147,6 +158,23 @@ plans:
     threads: {description: "C(-t): physical cores near the GPU.", type: int, sample: 20}
     numa_node: {description: NUMA node of the GPU (for numactl / CPUAffinity)., type: int}
     decode_ceiling_tps: {description: Predicted single-stream decode ceiling with a slot C(kv_fill) full., type: float}
+    expected_decode_tps:
+      description: Expected single-stream decode, tok/s - the ceiling x the decode efficiency (less ~6% for a quantized KV).
+      type: float
+    expected_aggregate_tps:
+      description: Expected decode summed over every slot busy - single stream x parallel ** aggregate_exponent.
+      type: float
+    decode_efficiency:
+      description: The efficiency used and where it comes from.
+      type: dict
+      contains:
+        value: {description: Measured decode / ceiling., type: float, sample: 0.32}
+        source: {description: The measurement behind it (a calibration median, a table entry, or the default)., type: str}
+        from: {description: "C(calibration), C(table) or C(default).", type: str}
+        gpu_family: {description: From the compute capability (volta, hopper, ...)., type: str}
+        quant_family: {description: The weight type's kernel family (Q4_K for Q4_K_M)., type: str}
+        arch: {description: "C(dense) or C(hybrid) (sliding-window or recurrent layers).", type: str}
+        aggregate_exponent: {description: Exponent of the aggregate over slots., type: float}
     reason:
       description: Why this quantization, context, slots and cache type; what was rejected and why.
       type: str
@@ -256,12 +284,14 @@ def main():
             "gpus": {"type": "list", "elements": "dict", "required": True},
             "candidates": {"type": "list", "elements": "dict", "required": True},
             "policy": {"type": "dict", "default": {}},
+            "calibration": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     try:
         models, load_warnings = load_candidates(module.params["candidates"])
-        result = plan_host(module.params["gpus"], models, module.params["policy"] or {})
+        result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
+                           module.params["calibration"] or None)
     except ImportError:
         module.fail_json(msg=missing_required_lib("gguf", reason="to read the candidates given by path"),
                          exception=traceback.format_exc())

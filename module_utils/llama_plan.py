@@ -21,6 +21,8 @@ from ansible.module_utils.plan_memory import (  # noqa: F401 (re-exported)
     cuda_overhead_bytes, decode_ceiling, driver_reserved_bytes, fits, flash_attn_supported, gib, kv_bytes_per_token,
     kv_read_bytes, layer_weight_bytes, swa_cells_per_slot)
 from ansible.module_utils.plan_model import QUANT_BPW, model_from_metadata, quant_bpw  # noqa: F401 (re-exported)
+from ansible.module_utils.plan_speed import (
+    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode)
 
 DEFAULT_POLICY = {
     "min_ctx": 4096,               # tokens per slot, at least
@@ -29,7 +31,8 @@ DEFAULT_POLICY = {
     "target_parallel": 4,
     "cache_types": ["f16", "q8_0"],  # in order of preference
     "headroom_bytes": DEFAULT_HEADROOM_BYTES,
-    "min_decode_tps": 40.0,
+    # expected single-stream decode (ceiling x efficiency), tok/s: docs/planning.md
+    "min_decode_tps": 25.0,
     "allow_partial_offload": False,
     "overhead_bytes": CUDA_OVERHEAD_BYTES,
     "reserved_bytes": None,        # None: driver_reserved_bytes() of the card
@@ -200,12 +203,15 @@ def spend(model, gpu, policy, n_gpu_layers=None):
     return None
 
 
-def evaluate(model, gpu, policy, n_gpu_layers=None):
+def evaluate(model, gpu, policy, n_gpu_layers=None, calibration=None):
     ct, memory, smallest_type = minimum_config(model, gpu, policy, n_gpu_layers, with_type=True)
     min_seq, _ = slot_limits(model, policy)
-    ceiling = ceiling_for(model, gpu, policy, min_seq, ct or policy["cache_types"][0], n_gpu_layers)
+    cache_type = ct or policy["cache_types"][0]
+    ceiling = ceiling_for(model, gpu, policy, min_seq, cache_type, n_gpu_layers)
+    efficiency = efficiency_for(gpu, model, calibration)
     return {"model": model, "cache_type": ct, "smallest_type": smallest_type, "memory": memory,
-            "fits": ct is not None, "ceiling": ceiling, "n_gpu_layers": n_gpu_layers}
+            "fits": ct is not None, "ceiling": ceiling, "efficiency": efficiency,
+            "expected": expected_decode(ceiling, efficiency["value"], cache_type), "n_gpu_layers": n_gpu_layers}
 
 
 def max_gpu_layers(model, gpu, policy):
@@ -221,14 +227,16 @@ def max_gpu_layers(model, gpu, policy):
 
 
 def pick(evaluations, floor):
-    """Best quality among those meeting the floor, else the fastest; (choice, met_floor)."""
+    """Best quality among those whose expected decode meets the floor, else the
+    fastest expected (not the highest ceiling: a smaller file can decode slower);
+    (choice, met_floor)."""
     fitting = [e for e in evaluations if e["fits"]]
     if not fitting:
         return None, False
-    meeting = [e for e in fitting if e["ceiling"] >= floor]
+    meeting = [e for e in fitting if e["expected"] >= floor]
     if meeting:
-        return max(meeting, key=lambda e: (e["model"]["bpw"], e["ceiling"])), True
-    return max(fitting, key=lambda e: e["ceiling"]), False
+        return max(meeting, key=lambda e: (e["model"]["bpw"], e["expected"])), True
+    return max(fitting, key=lambda e: e["expected"]), False
 
 
 def _server_args(plan):
@@ -238,7 +246,7 @@ def _server_args(plan):
     return plan_argv(shown, SERVER, short=True) + ["-t", str(plan["threads"]), "-fit", "off"]
 
 
-def plan_gpu(gpu, models, policy, sharing=1):
+def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     """One GPU's plan (dict) and its budget table (list of str); raises PlanError."""
     for key in ("memory_total_bytes", "memory_bandwidth_bytes_per_s"):
         if not gpu.get(key):
@@ -251,7 +259,7 @@ def plan_gpu(gpu, models, policy, sharing=1):
                         "quantized V cache: planning f16 KV only" % (gpu.get("index"), gpu.get("compute_capability")))
         policy = dict(policy, cache_types=["f16"])
 
-    evaluations = [evaluate(m, gpu, policy) for m in models]
+    evaluations = [evaluate(m, gpu, policy, calibration=calibration) for m in models]
     chosen, met = pick(evaluations, floor)
     partial = False
     if chosen is None:
@@ -261,7 +269,7 @@ def plan_gpu(gpu, models, policy, sharing=1):
         for e in evaluations:
             ngl = max_gpu_layers(e["model"], gpu, policy)
             if ngl > 0:
-                partial_evals.append(evaluate(e["model"], gpu, policy, ngl))
+                partial_evals.append(evaluate(e["model"], gpu, policy, ngl, calibration))
         chosen, met = pick(partial_evals, floor)
         if chosen is None:
             raise PlanError(_no_fit_message(gpu, evaluations, policy).replace(
@@ -285,6 +293,10 @@ def plan_gpu(gpu, models, policy, sharing=1):
                   "ctx_size": min_seq * policy["min_parallel"], "cap": min_seq, "options": []}
     memory = budget(model, gpu, policy, config["ctx_size"], config["parallel"], config["cache_type"], ngl)
     ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
+    efficiency = chosen["efficiency"]
+    expected = expected_decode(ceiling, efficiency["value"], config["cache_type"])
+    exponent = aggregate_exponent(gpu, calibration)
+    aggregate = expected_aggregate(expected, config["parallel"], exponent)
 
     threads = policy["threads"]
     cores = physical_cores(gpu.get("cpu_affinity"))
@@ -296,17 +308,18 @@ def plan_gpu(gpu, models, policy, sharing=1):
             warnings.append("GPU %s reports no CPU affinity: planned 4 threads (set policy.threads)" % gpu.get("index"))
 
     if not met:
-        warnings.append("GPU %s: no candidate that fits reaches %.0f tok/s (decode ceiling); planned the fastest, "
-                        "%s at %.1f tok/s" % (gpu.get("index"), floor, model["quant"], chosen["ceiling"]))
+        warnings.append("GPU %s: no candidate that fits is expected to reach %.0f tok/s; planned the fastest, "
+                        "%s at %.1f tok/s expected (ceiling %.1f)" % (gpu.get("index"), floor, model["quant"],
+                                                                       chosen["expected"], chosen["ceiling"]))
     if partial:
         warnings.append("GPU %s: no candidate fits fully; %s runs with %d of %d layers on the GPU and the rest in "
                         "host memory (ceiling %.1f tok/s assuming %.0f GB/s host bandwidth)"
                         % (gpu.get("index"), model["quant"], ngl, model["n_layer"], ceiling,
                            policy["host_memory_bandwidth_bytes_per_s"] / 1e9))
-    elif ceiling < floor <= chosen["ceiling"]:
-        warnings.append("GPU %s: with slots %d%% full of the planned %d tokens each, the ceiling drops to %.1f tok/s, "
-                        "below the %.0f tok/s floor" % (gpu.get("index"), int(policy["kv_fill"] * 100),
-                                                        config["ctx_per_slot"], ceiling, floor))
+    elif expected < floor <= chosen["expected"]:
+        warnings.append("GPU %s: with slots %d%% full of the planned %d tokens each, the expected decode drops to "
+                        "%.1f tok/s, below the %.0f tok/s floor" % (gpu.get("index"), int(policy["kv_fill"] * 100),
+                                                                    config["ctx_per_slot"], expected, floor))
     used = gpu.get("memory_used_bytes")
     if used is not None and used > memory["overhead_driver_reserved_bytes"] + GIB:
         warnings.append("GPU %s has %s in use now (a running llama-server or another process); the plan budgets "
@@ -334,6 +347,9 @@ def plan_gpu(gpu, models, policy, sharing=1):
         "threads": threads,
         "numa_node": gpu.get("numa_node"),
         "decode_ceiling_tps": round(ceiling, 1),
+        "expected_decode_tps": round(expected, 1),
+        "expected_aggregate_tps": round(aggregate, 1),
+        "decode_efficiency": dict(efficiency, aggregate_exponent=exponent),
         "memory": memory,
         "warnings": warnings,
     }
@@ -342,20 +358,25 @@ def plan_gpu(gpu, models, policy, sharing=1):
     plan["candidates"] = [{
         "quant": e["model"]["quant"], "bpw": e["model"]["bpw"], "fits": e["fits"],
         "min_total_bytes": e["memory"]["total_bytes"], "decode_ceiling_tps": round(e["ceiling"], 1),
+        "expected_decode_tps": round(e["expected"], 1), "decode_efficiency": e["efficiency"]["value"],
         "verdict": verdicts.get(id(e), ""),
     } for e in evaluations]
     m = memory
     table.append("  plan: %s -c %d -np %d (%d tokens/slot) %s KV, -ngl %s: weights %.2f + kv %.2f + compute %.2f + "
-                 "overhead %.2f + headroom %.2f = %.2f GiB of %.2f GiB; ceiling %.1f tok/s"
+                 "overhead %.2f + headroom %.2f = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
+                 "efficiency, %s), %.1f tok/s over %d slot(s)"
                  % (model["quant"], plan["ctx_size"], plan["parallel"], plan["ctx_per_slot"], config["cache_type"],
                     plan["n_gpu_layers"], m["weights_bytes"] / GIB, m["kv_bytes"] / GIB, m["compute_bytes"] / GIB,
                     m["overhead_bytes"] / GIB, m["headroom_bytes"] / GIB, m["total_bytes"] / GIB,
-                    m["gpu_total_bytes"] / GIB, ceiling))
+                    m["gpu_total_bytes"] / GIB, expected, ceiling, efficiency["value"], efficiency["source"], aggregate,
+                    plan["parallel"]))
     return plan, table
 
 
-def plan_host(gpus, models, policy):
-    """Plans for every GPU of a host: {plans, table, summary, warnings}."""
+def plan_host(gpus, models, policy, calibration=None):
+    """Plans for every GPU of a host: {plans, table, summary, warnings}.
+    calibration: the fleet's measured efficiencies (plan_speed.merge_calibration's
+    content), or None for the built-in table only."""
     policy = normalize_policy(policy)
     if not gpus:
         raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
@@ -368,7 +389,7 @@ def plan_host(gpus, models, policy):
     plans, table, warnings, summary = [], [], [], []
     for gpu in gpus:
         sharing = affinity_users[tuple(sorted(gpu.get("cpu_affinity") or []))]
-        plan, lines = plan_gpu(gpu, models, policy, sharing)
+        plan, lines = plan_gpu(gpu, models, policy, sharing, calibration)
         plans.append(plan)
         table.extend(lines)
         warnings.extend(plan["warnings"])

@@ -10,18 +10,19 @@ from ansible.module_utils.plan_memory import CTX_STEP, GIB, gib
 
 # --- the plan --------------------------------------------------------------------
 
-TABLE_HEAD = "  %-8s %5s %10s %15s %9s %9s %9s %10s %5s %8s  %s" % (
-    "quant", "bpw", "weights", "kv(min)", "compute", "overhead", "headroom", "total", "fits", "tok/s", "verdict")
+TABLE_HEAD = "  %-8s %5s %10s %15s %9s %9s %9s %10s %5s %8s %8s  %s" % (
+    "quant", "bpw", "weights", "kv(min)", "compute", "overhead", "headroom", "total", "fits", "ceiling", "expect",
+    "verdict")
 
 
 def _row(e, verdict):
     m = e["memory"]
     g = lambda n: "%.2f" % (n / GIB)  # noqa: E731
     kv = "%s %s" % (g(m["kv_bytes"]), e["cache_type"] or e["smallest_type"])
-    return "  %-8s %5.2f %10s %15s %9s %9s %9s %10s %5s %8.1f  %s" % (
+    return "  %-8s %5.2f %10s %15s %9s %9s %9s %10s %5s %8.1f %8.1f  %s" % (
         e["model"]["quant"], e["model"]["bpw"], g(m["weights_bytes"]), kv, g(m["compute_bytes"]),
         g(m["overhead_bytes"]), g(m["headroom_bytes"]), g(m["total_bytes"]),
-        "yes" if e["fits"] else "no", e["ceiling"], verdict)
+        "yes" if e["fits"] else "no", e["ceiling"], e["expected"], verdict)
 
 
 def gpu_header(gpu):
@@ -33,8 +34,9 @@ def gpu_header(gpu):
 def budget_table(gpu, evaluations, policy, verdicts):
     min_seq = round_up(policy["min_ctx"], CTX_STEP)
     lines = [gpu_header(gpu),
-             "  (GiB; kv(min) = %d slot(s) x %d tokens; tok/s = decode ceiling with a slot %d%% full)"
-             % (policy["min_parallel"], min_seq, int(policy["kv_fill"] * 100)),
+             "  (GiB; kv(min) = %d slot(s) x %d tokens; ceiling = the card's bandwidth over the bytes a stream reads "
+             "per token with a slot %d%% full; expect = ceiling x the decode efficiency of the GPU family and weight "
+             "type, tok/s)" % (policy["min_parallel"], min_seq, int(policy["kv_fill"] * 100)),
              TABLE_HEAD]
     for e in sorted(evaluations, key=lambda e: e["model"]["bpw"]):
         lines.append(_row(e, verdicts.get(id(e), "")))
@@ -49,8 +51,9 @@ def _verdicts(evaluations, chosen, floor, met_floor):
             out[id(e)] = "chosen"
         elif not e["fits"]:
             out[id(e)] = "needs %s, more than the card" % gib(e["memory"]["total_bytes"])
-        elif e["ceiling"] < floor:
-            out[id(e)] = "ceiling %.1f tok/s below the %.0f tok/s floor" % (e["ceiling"], floor)
+        elif e["expected"] < floor:
+            out[id(e)] = "expected %.1f tok/s (ceiling %.1f) below the %.0f tok/s floor" % (
+                e["expected"], e["ceiling"], floor)
         elif chosen is not None and met_floor and m["bpw"] <= chosen["model"]["bpw"]:
             out[id(e)] = "lower quality than %s" % chosen["model"]["quant"]
         elif chosen is not None:
@@ -93,14 +96,16 @@ def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, parti
                                    chosen["n_gpu_layers"], model["n_layer"]))
     elif met:
         parts.append("%s: the best quality (%.2f bits/weight) of the %d candidate(s) that fit this %s card with %d "
-                     "slot(s) of %d tokens, whose decode ceiling (%.1f tok/s = %.0f GB/s / %.2f GB read per token) "
-                     "meets the %.0f tok/s floor." % (
+                     "slot(s) of %d tokens, whose expected decode (%.1f tok/s = a ceiling of %.1f tok/s, %.0f GB/s / "
+                     "%.2f GB read per token, x %.2f efficiency) meets the %.0f tok/s floor." % (
                          model["quant"], model["bpw"], len(fitting), gib(int(gpu["memory_total_bytes"])),
-                         policy["min_parallel"], round_up(policy["min_ctx"], CTX_STEP), chosen["ceiling"], bw / 1e9,
-                         bw / chosen["ceiling"] / 1e9, floor))
+                         policy["min_parallel"], round_up(policy["min_ctx"], CTX_STEP), chosen["expected"],
+                         chosen["ceiling"], bw / 1e9, bw / chosen["ceiling"] / 1e9, chosen["efficiency"]["value"],
+                         floor))
     else:
-        parts.append("%s: no candidate that fits reaches the %.0f tok/s floor, so the fastest that fits "
-                     "(ceiling %.1f tok/s)." % (model["quant"], floor, chosen["ceiling"]))
+        parts.append("%s: no candidate that fits is expected to reach the %.0f tok/s floor, so the fastest that fits "
+                     "(%.1f tok/s expected, ceiling %.1f)." % (model["quant"], floor, chosen["expected"],
+                                                               chosen["ceiling"]))
     rejected = ["%s (%s)" % (e["model"]["quant"], verdicts[id(e)]) for e in
                 sorted(evaluations, key=lambda e: -e["model"]["bpw"]) if e is not chosen]
     if rejected:
@@ -140,26 +145,34 @@ def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, parti
     else:
         embd = "%s of token embeddings stay in host memory" % gib(model["token_embd_bytes"])
     parts.append("Memory: weights %s on the GPU (%s), %s, compute %s, "
-                 "CUDA and driver overhead %s, headroom %s: %s of %s, %s free. Decode ceiling at %d%% slot fill: "
-                 "%.1f tok/s." % (
+                 "CUDA and driver overhead %s, headroom %s: %s of %s, %s free." % (
                      gib(m["weights_bytes"]), embd, kv_desc, gib(m["compute_bytes"]),
                      gib(m["overhead_bytes"]), gib(m["headroom_bytes"]), gib(m["total_bytes"]),
-                     gib(m["gpu_total_bytes"]), gib(m["free_bytes"]), int(policy["kv_fill"] * 100),
-                     plan["decode_ceiling_tps"]))
+                     gib(m["gpu_total_bytes"]), gib(m["free_bytes"])))
+    eff = plan["decode_efficiency"]
+    parts.append("Speed at %d%% slot fill: ceiling %.1f tok/s; expected %.1f tok/s single-stream (efficiency %.2f "
+                 "for %s %s %s: %s%s) and %.1f tok/s over %d busy slot(s) (x %d^%.2f)." % (
+                     int(policy["kv_fill"] * 100), plan["decode_ceiling_tps"], plan["expected_decode_tps"],
+                     eff["value"], eff["gpu_family"], eff["quant_family"], eff["arch"], eff["source"],
+                     "" if config["cache_type"] == "f16" else ", less ~6%% for the %s KV" % config["cache_type"],
+                     plan["expected_aggregate_tps"], plan["parallel"], plan["parallel"], eff["aggregate_exponent"]))
     return " ".join(parts)
 
 
 def plan_summary(plan):
     """The one line that sums up a GPU's plan, wherever a plan is shown or recorded:
     'GPU 0 Tesla V100-SXM2-32GB: Q4_K_M, -c 16384 -np 4 (4096 tokens/slot), f16 KV,
-    23.2 GiB used + 0.5 GiB headroom of 31.7 GiB, ceiling 45.0 tok/s'."""
+    23.2 GiB used + 0.5 GiB headroom of 31.7 GiB, expected 15.8 tok/s (ceiling 45.0)'."""
     memory = plan["memory"]
     ctx_per_slot = plan.get("ctx_per_slot") or plan["ctx_size"] // max(1, plan["parallel"])
     name = " %s" % plan["gpu_name"] if plan.get("gpu_name") else ""
+    expected = plan.get("expected_decode_tps")
+    speed = ("expected %.1f tok/s (ceiling %.1f)" % (expected, plan["decode_ceiling_tps"]) if expected is not None
+             else "ceiling %.1f tok/s" % plan["decode_ceiling_tps"])
     return ("GPU %s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom of %.1f GiB, "
-            "ceiling %.1f tok/s"
+            "%s"
             % (plan["gpu_index"], name, plan["quant"], plan["ctx_size"], plan["parallel"], ctx_per_slot,
                plan["cache_type_k"], "-ngl %d (partial), " % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
                memory["predicted_used_bytes"] / GIB, memory.get("headroom_bytes", 0) / GIB,
-               memory["gpu_total_bytes"] / GIB, plan["decode_ceiling_tps"]))
+               memory["gpu_total_bytes"] / GIB, speed))
 

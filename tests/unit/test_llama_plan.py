@@ -97,13 +97,20 @@ def test_v100_32gb_lands_on_q4_k_m(gpus, dense_meta):
     assert p["flash_attn"] is True and p["threads"] == 20 and p["numa_node"] == 0
     assert p["gpu_uuid"] == "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4" and p["gpu_index"] == 0
     assert p["candidate_index"] == 1
-    # Q5_K_M fits but reads too much per token; Q8_0 does not fit.
+    # Q5_K_M fits but is expected below the floor (it reads too much per token); Q8_0 does not fit.
     verdicts = dict((c["quant"], c["verdict"]) for c in p["candidates"])
-    assert "below the 40 tok/s floor" in verdicts["Q5_K_M"] and "below" in verdicts["Q6_K"]
+    assert "below the 25 tok/s floor" in verdicts["Q5_K_M"] and "below" in verdicts["Q6_K"]
     assert "more than the card" in verdicts["Q8_0"]
-    assert "lower quality" in verdicts["Q3_K_S"]
-    assert "Q5_K_M (ceiling" in p["reason"] and "f16 KV reaches it" in p["reason"]
+    assert "expected 23.8 tok/s (ceiling 59.5) below the 25 tok/s floor" == verdicts["Q3_K_S"]
+    assert "Q5_K_M (expected" in p["reason"] and "f16 KV reaches it" in p["reason"]
     assert 40 <= p["decode_ceiling_tps"] < 50
+    # expected = ceiling x Volta's Q4_K efficiency (the table: public V100 figures)
+    eff = p["decode_efficiency"]
+    assert (eff["gpu_family"], eff["quant_family"], eff["arch"], eff["from"]) == ("volta", "Q4_K", "dense", "table")
+    assert p["expected_decode_tps"] == pytest.approx(p["decode_ceiling_tps"] * 0.64, abs=0.1)
+    assert p["expected_aggregate_tps"] == pytest.approx(p["expected_decode_tps"] * 4 ** 0.58, abs=0.2)
+    assert "expected %.1f tok/s single-stream (efficiency 0.64 for volta Q4_K dense" % p["expected_decode_tps"] \
+        in p["reason"]
     assert any("plan: Q4_K_M -c 32768 -np 4" in line for line in result["table"])
 
 
@@ -276,11 +283,29 @@ def test_targets_and_cache_preference(gpus, dense_meta):
     assert "trained context" in p["reason"]
 
 
-def test_floor_nobody_meets_picks_the_fastest(gpus, dense_meta):
+def test_floor_nobody_meets_picks_the_fastest_expected(gpus, dense_meta):
     result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_decode_tps": 500})
     p, = result["plans"]
-    assert p["quant"] == "Q3_K_S"
-    assert any("500 tok/s" in w for w in p["warnings"])
+    # Q3_K_S has the highest ceiling (fewest bytes), but Volta decodes Q3_K at 0.40 of
+    # its ceiling and Q4_K at 0.64: Q4_K_M is the fastest expected
+    by_quant = dict((c["quant"], c) for c in p["candidates"])
+    assert by_quant["Q3_K_S"]["decode_ceiling_tps"] > by_quant["Q4_K_M"]["decode_ceiling_tps"]
+    assert by_quant["Q3_K_S"]["expected_decode_tps"] < by_quant["Q4_K_M"]["expected_decode_tps"]
+    assert p["quant"] == "Q4_K_M"
+    assert any("500 tok/s" in w and "expected" in w for w in p["warnings"])
+
+
+def test_the_fleet_calibration_changes_the_choice_and_says_so(gpus, dense_meta):
+    # this fleet measured its 32 GB V100s decoding Q5_K at 0.70 of the ceiling:
+    # Q5_K_M is then expected above the floor and, better quality, chosen
+    record = {"host": "gpu07", "gpu_uuid": "GPU-x", "gpu_name": "Tesla V100-SXM2-32GB", "gpu_family": "volta",
+              "quant": "Q5_K_M", "quant_family": "Q5_K", "arch": "dense", "efficiency": 0.70, "build": "b"}
+    result = run_module("llama_plan", {"gpus": gpus("v100-sxm2-32gb"), "candidates": declared(dense_meta),
+                                       "calibration": {"version": 1, "records": [record]}})
+    p, = result["plans"]
+    assert p["quant"] == "Q5_K_M"
+    assert p["decode_efficiency"]["from"] == "calibration" and p["decode_efficiency"]["value"] == 0.7
+    assert "fleet calibration: median of 1 measurement(s) on Tesla V100-SXM2-32GB" in p["reason"]
 
 
 def test_cards_without_flash_attention_plan_f16_only(dense_meta):

@@ -64,6 +64,23 @@ def test_ratio_vram_and_summary_on_a_gpu_build():
     assert not inst["flagged"] and inst["ok"] and rec["status"] == "ok"
     assert rec["summary"].startswith("ok: GPU 0 :8080 Q4_K_M 20.0 tok/s 1-stream (46% of 44)")
     json.dumps(rec)  # the fact is JSON
+    # a plan of an older llm-fleet (no decode_efficiency) gives no calibration record, and says so
+    assert rec["calibration"] == [] and "older llm-fleet" in rec["not_calibrated"][0]
+
+
+def test_a_gpu_measurement_calibrates_the_fleet():
+    plan = dict(PLAN, quant="Q4_K_M", cache_type_k="f16", expected_decode_tps=27.8, expected_aggregate_tps=62.0,
+                decode_efficiency={"gpu_family": "volta", "quant_family": "Q4_K", "arch": "dense", "value": 0.64})
+    rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [GPU],
+                                [{"rc": 0, "stdout": json.dumps(synthetic_loadtest(single=26.1, agg4=60.0))}],
+                                [None], CUDA_BUILD, 0.25, "2026-11-30T12:00:00Z")
+    entry, = rec["calibration"]
+    assert entry["efficiency"] == pytest.approx(26.1 / 43.5, abs=1e-3) and entry["gpu_name"] == GPU["name"]
+    assert (entry["quant_family"], entry["arch"], entry["build"], entry["host"]) == ("Q4_K", "dense",
+                                                                                     CUDA_BUILD["build_key"], "gpu01")
+    assert rec["not_calibrated"] == []
+    md = vr.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
+    assert "| 27.8 / 62.0 | 43.5 |" in md  # expected beside measured
 
 
 def test_below_the_fraction_is_flagged_not_an_error():

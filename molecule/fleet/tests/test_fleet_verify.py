@@ -79,3 +79,26 @@ def test_fleet_report_on_the_controller():
     for name in HOSTS:
         assert "| %s |" % name in text
     assert os.path.getsize(os.path.join(reports, "fleet-verify.svg")) > 200
+
+
+def test_the_cpu_figures_do_not_calibrate_the_fleet():
+    """Verify keeps the fleet's measured decode efficiencies for the next plan; what a
+    CPU serves behind simulated GPUs (a ratio of ~0 to a V100's ceiling) is a failed
+    measurement, not a Volta figure: the file is written, with no record, and the
+    host record says why."""
+    path = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "reports", "decode-calibration.json")
+    with open(path) as handle:
+        assert json.load(handle) == {"version": 1, "records": []}
+    for name in HOSTS:
+        record = json.loads(node(name).file("/etc/ansible/facts.d/llm_fleet_verify.fact").content_string)
+        assert record["calibration"] == []
+        assert len(record["not_calibrated"]) == len(record["instances"])
+        assert all("a failed measurement, not a GPU's figure" in line for line in record["not_calibrated"])
+    # ... so the plans used the built-in figures (the tiny F32 model has no Volta
+    # entry: the stated default), and said so
+    for name in HOSTS:
+        for plan in stage_fact(node(name), "model")["plans"]:
+            eff = plan["decode_efficiency"]
+            assert eff["from"] in ("table", "default") and eff["gpu_family"] == "volta" and eff["source"]
+            kv = 1.0 if plan["cache_type_k"] == "f16" else 0.94
+            assert abs(plan["expected_decode_tps"] - plan["decode_ceiling_tps"] * eff["value"] * kv) < 1

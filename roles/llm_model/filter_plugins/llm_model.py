@@ -43,8 +43,8 @@ _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _FILE_KEYS = ("url", "hf_repo", "hf_file", "hf_revision", "path", "name", "sha256", "size_bytes")
 _ENTRY_KEYS = ("quant", "metadata", "files") + _FILE_KEYS
 # The GPU facts a plan depends on (see llama_plan's documentation).
-_GPU_KEYS = ("index", "name", "uuid", "memory_total_bytes", "memory_bandwidth_bytes_per_s", "compute_capability",
-             "numa_node", "cpu_affinity")
+_GPU_KEYS = ("index", "name", "uuid", "memory_total_bytes", "memory_reserved_bytes", "memory_bandwidth_bytes_per_s",
+             "compute_capability", "numa_node", "cpu_affinity")
 # llama-fit-params -fitp on prints "<device> <model> <context> <compute>" in MiB, one line per device, then Host.
 _FIT_LINE = re.compile(r"^(\S+) (\d+) (\d+) (\d+)\s*$")
 

@@ -10,6 +10,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
+
+import ansible.module_utils
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.plan_speed import calibration_record  # noqa: E402
 
 GIB = float(1 << 30)
 RECORD_VERSION = 1
@@ -173,6 +185,9 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction)
         "ttft_at_slots_s": _num(full.get("ttft_s_mean"), 3),
         "levels": [dict((k, e.get(k)) for k in _LEVEL_KEYS) for e in lt.get("levels", [])],
         "decode_ceiling_tps": ceiling,
+        # the plan's expectation, beside what was measured (None on a CPU build)
+        "expected_decode_tps": plan.get("expected_decode_tps") if gpu_backend else None,
+        "expected_aggregate_tps": plan.get("expected_aggregate_tps") if gpu_backend else None,
         "ceiling_ratio": ratio,
         "ceiling_note": ceiling_note,
         "llama_bench": bench_figures,
@@ -195,11 +210,17 @@ def verify_host_record(host, instances, plans, gpus, loadtests, benches, llama_c
     llama_cpp = llama_cpp or {}
     backend = llama_cpp.get("backend")
     loadtests, benches = list(loadtests or []), list(benches or [])
-    records = []
+    records, calibration, not_calibrated = [], [], []
     for n, inst in enumerate(instances or []):
-        records.append(instance_record(inst, _find_plan(plans, inst), _find_gpu(gpus, inst),
-                                       loadtests[n] if n < len(loadtests) else None,
-                                       benches[n] if n < len(benches) else None, backend, min_fraction))
+        plan = _find_plan(plans, inst)
+        record = instance_record(inst, plan, _find_gpu(gpus, inst), loadtests[n] if n < len(loadtests) else None,
+                                 benches[n] if n < len(benches) else None, backend, min_fraction)
+        records.append(record)
+        entry, why_not = calibration_record(record, plan, host, measured_at, llama_cpp.get("build_key"))
+        if entry:
+            calibration.append(entry)
+        else:
+            not_calibrated.append("%s GPU %s: %s" % (host, record["gpu_index"], why_not))
     errors = [p for r in records for p in r["errors"]]
     flagged = [r for r in records if r["flagged"]]
     parts = []
@@ -232,6 +253,9 @@ def verify_host_record(host, instances, plans, gpus, loadtests, benches, llama_c
         "llama_cpp": {"commit": llama_cpp.get("commit"), "build_key": llama_cpp.get("build_key"), "backend": backend},
         "min_ceiling_fraction": min_fraction,
         "instances": records,
+        # what this measurement adds to the fleet's decode calibration (plan_speed)
+        "calibration": calibration,
+        "not_calibrated": not_calibrated,
         "flagged": bool(flagged),
         "errors": errors,
         "verdict_key": verdict_key,
@@ -289,8 +313,9 @@ def verify_fleet_markdown(report, missing_hosts=None):
     if missing_hosts:
         lines += ["", "**No result (unreachable or failed before measuring):** %s" % ", ".join(missing_hosts)]
     lines += ["", "| host | GPU | quant | -c / -np | KV | 1 stream tok/s | TTFT s | 4 streams tok/s | all slots tok/s "
-              "| ceiling tok/s | 1 stream / ceiling | VRAM used / predicted GiB | llama-bench pp / tg tok/s | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| expected 1 / all slots tok/s | ceiling tok/s | 1 stream / ceiling | VRAM used / predicted GiB "
+              "| llama-bench pp / tg tok/s | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for record in sorted(report.get("records", []), key=lambda r: r["host"]):
         for i in record.get("instances", []):
             vram = i.get("vram") or {}
@@ -312,11 +337,15 @@ def verify_fleet_markdown(report, missing_hosts=None):
             else:
                 ratio_text = "n/a"
             status = "FLAGGED" if i["flagged"] else ("ok" if i["ok"] else "error")
-            lines.append("| %s | %s %s | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            if i.get("expected_decode_tps") is not None:
+                expected_text = "%s / %s" % (_cell(i["expected_decode_tps"]), _cell(i.get("expected_aggregate_tps")))
+            else:
+                expected_text = "n/a"
+            lines.append("| %s | %s %s | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 record["host"], i["gpu_index"], i.get("gpu_name") or "", i.get("quant") or "-", i.get("ctx_size"),
                 i.get("parallel"), i.get("cache_type_k"), _cell(i["single_stream_tps"]), _cell(i["ttft_s"], "%.3f"),
-                _cell(i["aggregate_4_tps"]), _cell(i["aggregate_slots_tps"]), _cell(i["decode_ceiling_tps"]),
-                ratio_text, vram_text, bench_text, status))
+                _cell(i["aggregate_4_tps"]), _cell(i["aggregate_slots_tps"]), expected_text,
+                _cell(i["decode_ceiling_tps"]), ratio_text, vram_text, bench_text, status))
     notes = []
     for record in sorted(report.get("records", []), key=lambda r: r["host"]):
         for i in record.get("instances", []):

@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+"""The speed a plan will see, not only the ceiling the card allows.
+
+decode ceiling (plan_memory) x decode efficiency = expected single-stream decode.
+The efficiency (measured decode / ceiling) depends on the GPU's kernels and the
+weight type (Q3_K_M decodes slower than Q4_K_M on an H200 although it reads
+fewer bytes), so it is looked up per (GPU family, quant family, architecture
+kind): first in the fleet's own calibration (figures the verify stage measured on
+cards of the same name), then in the table below, whose every entry names its
+source. docs/planning.md, "Expected speed", explains each figure.
+Free of Ansible (unit-tested); Python 3.8-compatible."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import math
+
+# compute capability (major, minor) -> GPU family
+_FAMILIES = {(6, 0): "pascal", (6, 1): "pascal", (7, 0): "volta", (7, 2): "volta", (7, 5): "turing",
+             (8, 0): "ampere", (8, 6): "ampere", (8, 7): "ampere", (8, 9): "ada", (9, 0): "hopper",
+             (10, 0): "blackwell", (12, 0): "blackwell"}
+
+# (GPU family, quant family, architecture kind or "*") -> (efficiency, source).
+# Single-stream decode measured with llama.cpp (flash attention, all layers on the
+# GPU, short context) over plan_memory.decode_ceiling for the same file.
+EFFICIENCY_TABLE = {
+    # H200, pinned llama.cpp, CUDA 13, llama-bench tg128 of one random-weight
+    # 32B-shaped file requantized to each type (benchmarks/results/h200-quant-sweep-2026-12-01)
+    ("hopper", "Q3_K", "*"): (0.197, "H200 quant sweep 2026-12-01 (Q3_K_M, llama-bench)"),
+    ("hopper", "Q4_K", "*"): (0.322, "H200 quant sweep 2026-12-01 (Q4_K_M, llama-bench); 0.31-0.32 through "
+                                     "llama-server in gpu-host-2026-12-01c"),
+    ("hopper", "Q5_K", "*"): (0.343, "H200 quant sweep 2026-12-01 (Q5_K_M, llama-bench)"),
+    ("hopper", "Q6_K", "*"): (0.312, "H200 quant sweep 2026-12-01 (Q6_K, llama-bench)"),
+    ("hopper", "Q8_0", "*"): (0.488, "H200 quant sweep 2026-12-01 (Q8_0, llama-bench)"),
+    # V100: public measurements, not this project's (no V100 here); docs/planning.md
+    # lists each source. 900 GB/s ceiling, ~27B files unless said.
+    ("volta", "Q4_K", "*"): (0.64, "public V100 figures, 27B Q4_K_M hybrid (Qwen3.x-27B): 0.63-0.68 in three "
+                                   "reports (sudoingX/qwen38-mtp, its PR #60, ebongard/renfield PR #1267)"),
+    ("volta", "Q5_K", "*"): (0.64, "no V100 measurement: Q4_K's figure (on the H200 Q5_K and Q6_K were within 7% "
+                                   "of Q4_K)"),
+    ("volta", "Q6_K", "*"): (0.64, "no V100 measurement: Q4_K's figure (on the H200 Q5_K and Q6_K were within 7% "
+                                   "of Q4_K)"),
+    ("volta", "Q8_0", "*"): (0.62, "public V100-PCIE figure, 7B Q8_0, 2024 build (llama.cpp PR #4809): low "
+                                   "confidence"),
+    ("volta", "Q3_K", "*"): (0.40, "public V100-PCIE figure, 8B Q3_K_S 0.33 (llama.cpp PR #28912), raised for a "
+                                   "27B's smaller fixed cost; the H200's Q3_K/Q4_K ratio (0.61) gives 0.39"),
+    ("volta", "Q2_K", "*"): (0.45, "public V100-PCIE figure, 8B Q2_K 0.40 (llama.cpp PR #28912), raised for a 27B"),
+    ("volta", "F16", "*"): (0.75, "public V100-PCIE figure, 7B F16 0.79, 2024 build (llama.cpp PR #4809): low "
+                                  "confidence"),
+}
+
+# A family or weight type the table lacks: the H200's Q4_K figure, the one the
+# project measured both through llama-bench and through llama-server.
+DEFAULT_EFFICIENCY = (0.32, "assumed: the H200's Q4_K figure (no measurement for this GPU family and weight type)")
+
+# Aggregate decode over n busy slots = single stream x n ** exponent. Measured
+# through llama-server on an H200 (32B Q4_K, docs/planning.md): 4 streams 2.3x the
+# single stream (exponent 0.60), 16 streams 4.5-4.7x (0.55); the middle.
+AGGREGATE_EXPONENT = 0.58
+
+# A quantized KV cache costs single-stream speed (measured on an H200: q8_0 78 vs
+# f16 83 tok/s, same file and binary): expected decode is scaled by this.
+KV_TYPE_SPEED = {"f16": 1.0, "q8_0": 0.94, "q4_0": 0.94}
+
+# Calibration figures outside this range are measurement failures (a stalled
+# stream, a CPU build), not efficiencies: they are not recorded or used.
+EFFICIENCY_RANGE = (0.02, 1.5)
+
+CALIBRATION_VERSION = 1
+
+# A new measurement within this fraction of the recorded one keeps the record as
+# it is, so a rerun that measures the same service does not move the next plan
+# (and the model stage stays idempotent); a real change replaces it.
+CALIBRATION_TOLERANCE = 0.05
+
+
+def gpu_family(gpu):
+    """'volta', 'hopper', ... from the compute capability; 'unknown' when absent."""
+    try:
+        major, minor = (int(x) for x in str(gpu.get("compute_capability") or "").split(".")[:2])
+    except ValueError:
+        return "unknown"
+    if (major, minor) in _FAMILIES:
+        return _FAMILIES[(major, minor)]
+    same_major = [f for (ma, _), f in sorted(_FAMILIES.items()) if ma == major]
+    return same_major[-1] if same_major else "unknown"
+
+
+def quant_family(quant):
+    """The weight type's kernel family: Q4_K_M and Q4_K_S -> Q4_K, Q8_0 -> Q8_0, IQ4_XS as is."""
+    label = str(quant or "").upper()
+    for suffix in ("_XXS", "_XS", "_S", "_M", "_L"):
+        if label.startswith("Q") and "_K" in label and label.endswith(suffix):
+            return label[: -len(suffix)]
+    return label or "unknown"
+
+
+def arch_kind(model):
+    """'dense' when every layer is full attention; 'hybrid' with sliding-window or recurrent layers."""
+    kinds = set(layer["kind"] for layer in model.get("layers") or [] if layer["kind"] != "none")
+    return "dense" if kinds <= {"full"} else "hybrid"
+
+
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2.0
+
+
+def _records(calibration):
+    if not calibration:
+        return []
+    records = calibration.get("records") if isinstance(calibration, dict) else calibration
+    out = []
+    for r in records or []:
+        try:
+            eff = float(r.get("efficiency"))
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if EFFICIENCY_RANGE[0] <= eff <= EFFICIENCY_RANGE[1]:
+            out.append(r)
+    return out
+
+
+def efficiency_for(gpu, model, calibration=None):
+    """{value, source, gpu_family, quant_family, arch, from}: the fleet's median for
+    cards of this name (then of this family) with this weight type and architecture
+    kind, else the table's figure, else DEFAULT_EFFICIENCY."""
+    family, qfam, arch = gpu_family(gpu), quant_family(model.get("quant")), arch_kind(model)
+    out = {"gpu_family": family, "quant_family": qfam, "arch": arch}
+    records = [r for r in _records(calibration) if r.get("quant_family") == qfam and r.get("arch") == arch]
+    for scope, same in (("name", lambda r: r.get("gpu_name") == gpu.get("name")),
+                        ("family", lambda r: r.get("gpu_family") == family)):
+        matching = [r for r in records if same(r)]
+        if matching:
+            value = _median([float(r["efficiency"]) for r in matching])
+            where = gpu.get("name") if scope == "name" else "%s cards" % family
+            out.update(value=round(value, 3), source="fleet calibration: median of %d measurement(s) on %s, %s %s"
+                       % (len(matching), where, qfam, arch), **{"from": "calibration"})
+            return out
+    for key in ((family, qfam, arch), (family, qfam, "*")):
+        if key in EFFICIENCY_TABLE:
+            value, source = EFFICIENCY_TABLE[key]
+            out.update(value=value, source=source, **{"from": "table"})
+            return out
+    value, source = DEFAULT_EFFICIENCY
+    out.update(value=value, source=source, **{"from": "default"})
+    return out
+
+
+def aggregate_exponent(gpu, calibration=None):
+    """The fleet's median exponent for cards of this name, else AGGREGATE_EXPONENT."""
+    values = [float(r["aggregate_exponent"]) for r in _records(calibration)
+              if r.get("gpu_name") == gpu.get("name") and isinstance(r.get("aggregate_exponent"), (int, float))
+              and 0 < r["aggregate_exponent"] <= 1]
+    return round(_median(values), 3) if values else AGGREGATE_EXPONENT
+
+
+def expected_decode(ceiling, efficiency, cache_type="f16"):
+    """Expected single-stream decode, tok/s."""
+    return ceiling * efficiency * KV_TYPE_SPEED.get(cache_type, 1.0)
+
+
+def expected_aggregate(single, parallel, exponent=AGGREGATE_EXPONENT):
+    """Expected decode summed over `parallel` busy slots, tok/s."""
+    return single * max(1, int(parallel)) ** exponent
+
+
+# --- calibration: what verify measured, kept on the controller ------------------
+
+def calibration_record(instance, plan, host, measured_at=None, build=None):
+    """(record, None) from a verify instance record and its plan, or (None, why not)
+    when the instance gives no GPU efficiency (CPU build, no single-stream figure,
+    a partial offload, a plan without the efficiency's keys, an implausible ratio)."""
+    ratio = instance.get("ceiling_ratio")
+    eff = plan.get("decode_efficiency") or {}
+    if ratio is None:
+        return None, "no ratio to the ceiling (%s)" % (instance.get("ceiling_note") or "not measured")
+    if plan.get("partial_offload"):
+        return None, "a partial offload says nothing of the GPU's own efficiency"
+    if not eff.get("quant_family"):
+        return None, "the plan has no decode_efficiency (planned by an older llm-fleet)"
+    # the ratio is measured against the ceiling; the plan's expected speed also
+    # carries the KV type's cost, which the efficiency must not count twice
+    efficiency = float(ratio) / KV_TYPE_SPEED.get(plan.get("cache_type_k") or "f16", 1.0)
+    if not EFFICIENCY_RANGE[0] <= efficiency <= EFFICIENCY_RANGE[1]:
+        return None, "efficiency %.3f is outside %.2f-%.2f: a failed measurement, not a GPU's figure" % (
+            efficiency, EFFICIENCY_RANGE[0], EFFICIENCY_RANGE[1])
+    exponent = None
+    single, full, slots = instance.get("single_stream_tps"), instance.get("aggregate_slots_tps"), instance.get("parallel")
+    if single and full and slots and int(slots) > 1 and full > single:
+        exponent = round(math.log(float(full) / float(single)) / math.log(int(slots)), 3)
+    return {
+        "host": host, "gpu_uuid": instance.get("gpu_uuid"), "gpu_name": instance.get("gpu_name") or plan.get("gpu_name"),
+        "gpu_family": eff.get("gpu_family"), "quant": plan.get("quant"), "quant_family": eff.get("quant_family"),
+        "arch": eff.get("arch"), "cache_type": plan.get("cache_type_k"), "parallel": slots,
+        "efficiency": round(efficiency, 3), "aggregate_exponent": exponent,
+        "single_stream_tps": single, "decode_ceiling_tps": plan.get("decode_ceiling_tps"),
+        "build": build, "measured_at": measured_at,
+    }, None
+
+
+def _close(old, new):
+    try:
+        a, b = float(old["efficiency"]), float(new["efficiency"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    ea, eb = old.get("aggregate_exponent"), new.get("aggregate_exponent")
+    same_exponent = (ea is None) == (eb is None) and (ea is None or abs(float(ea) - float(eb)) <= 0.05)
+    return abs(b - a) <= CALIBRATION_TOLERANCE * a and same_exponent
+
+
+def merge_calibration(existing, new_records):
+    """The calibration file's content with new_records replacing the older entry of
+    the same card, weight type and build (a rerun refreshes, it does not pile up);
+    a new figure within CALIBRATION_TOLERANCE of the recorded one keeps the record."""
+    key = lambda r: (r.get("host"), r.get("gpu_uuid"), r.get("quant"), r.get("arch"), r.get("build"))  # noqa: E731
+    old = dict((key(r), r) for r in _records(existing))
+    fresh = [old[key(r)] if key(r) in old and _close(old[key(r)], r) else r for r in new_records or [] if r]
+    keys = set(key(r) for r in fresh)
+    kept = [r for r in old.values() if key(r) not in keys]
+    records = sorted(kept + fresh, key=lambda r: (str(r.get("gpu_name")), str(r.get("quant")), str(r.get("host")),
+                                                   str(r.get("gpu_uuid"))))
+    return {"version": CALIBRATION_VERSION, "records": records}

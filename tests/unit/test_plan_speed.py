@@ -1,0 +1,138 @@
+"""module_utils/plan_speed.py: the expected speed, its efficiency table and the
+fleet's calibration loop (verify records, the planner reads), and the filters
+that carry it between the stages."""
+import json
+
+import pytest
+
+import paths
+from conftest import ROOT
+
+import ansible.module_utils
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+from ansible.errors import AnsibleFilterError  # noqa: E402
+from ansible.module_utils import plan_speed as ps  # noqa: E402
+
+V100 = {"name": "Tesla V100-SXM2-32GB", "compute_capability": "7.0"}
+H200 = {"name": "NVIDIA H200", "compute_capability": "9.0"}
+DENSE = {"quant": "Q4_K_M", "layers": [{"kind": "full"}] * 4}
+HYBRID = {"quant": "Q4_K_M", "layers": [{"kind": "full"}, {"kind": "recurrent"}, {"kind": "recurrent"}]}
+
+
+def record(efficiency, gpu_name="Tesla V100-SXM2-32GB", family="volta", quant="Q4_K_M", arch="dense", host="h1",
+           uuid="GPU-1", build="b1", exponent=None):
+    return {"host": host, "gpu_uuid": uuid, "gpu_name": gpu_name, "gpu_family": family, "quant": quant,
+            "quant_family": ps.quant_family(quant), "arch": arch, "efficiency": efficiency,
+            "aggregate_exponent": exponent, "build": build}
+
+
+@pytest.mark.parametrize("cc,family", [("7.0", "volta"), ("9.0", "hopper"), ("8.6", "ampere"), ("7.5", "turing"),
+                                       ("9.1", "hopper"), ("", "unknown"), ("x", "unknown")])
+def test_gpu_family_follows_the_compute_capability(cc, family):
+    assert ps.gpu_family({"compute_capability": cc}) == family
+
+
+@pytest.mark.parametrize("quant,family", [("Q4_K_M", "Q4_K"), ("q4_k_s", "Q4_K"), ("Q3_K_S", "Q3_K"),
+                                          ("Q3_K_L", "Q3_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
+                                          ("F16", "F16"), ("Q2_K", "Q2_K"), (None, "unknown")])
+def test_quant_family_groups_the_kernels(quant, family):
+    assert ps.quant_family(quant) == family
+
+
+def test_arch_kind():
+    assert ps.arch_kind(DENSE) == "dense"
+    assert ps.arch_kind(HYBRID) == "hybrid"
+    assert ps.arch_kind({"layers": [{"kind": "full"}, {"kind": "swa"}]}) == "hybrid"
+
+
+def test_table_default_and_their_sources():
+    e = ps.efficiency_for(H200, {"quant": "Q3_K_M", "layers": DENSE["layers"]})
+    assert e["from"] == "table" and e["value"] == 0.197 and "quant sweep" in e["source"]
+    # a weight type the table lacks on this family: the stated default
+    e = ps.efficiency_for(H200, {"quant": "IQ2_XS", "layers": DENSE["layers"]})
+    assert e["from"] == "default" and e["value"] == ps.DEFAULT_EFFICIENCY[0] and e["source"].startswith("assumed")
+    # every table entry names where it comes from
+    assert all(source for _, source in ps.EFFICIENCY_TABLE.values())
+
+
+def test_the_fleet_figure_wins_over_the_table_and_says_so():
+    cal = {"version": 1, "records": [record(0.40, uuid="a"), record(0.50, uuid="b"), record(0.45, uuid="c"),
+                                     record(0.9, quant="Q8_0", uuid="d"), record(0.2, arch="hybrid", uuid="e")]}
+    e = ps.efficiency_for(V100, DENSE, cal)
+    assert e["from"] == "calibration" and e["value"] == 0.45  # the median of the three dense Q4_K figures
+    assert "median of 3 measurement(s) on Tesla V100-SXM2-32GB" in e["source"]
+    # another card of the same family borrows the family's figures
+    e = ps.efficiency_for({"name": "Tesla V100-PCIE-16GB", "compute_capability": "7.0"}, DENSE, cal)
+    assert e["from"] == "calibration" and "volta cards" in e["source"]
+    # the hybrid figure only for a hybrid model
+    assert ps.efficiency_for(V100, HYBRID, cal)["value"] == 0.2
+    # another family does not borrow Volta's figures
+    assert ps.efficiency_for(H200, DENSE, cal)["from"] == "table"
+
+
+def test_implausible_records_are_ignored():
+    cal = {"version": 1, "records": [record(0.0001), record("garbage"), record(7.0)]}
+    assert ps.efficiency_for(V100, DENSE, cal)["from"] != "calibration"
+
+
+def test_expected_speeds():
+    assert ps.expected_decode(100.0, 0.4) == pytest.approx(40.0)
+    assert ps.expected_decode(100.0, 0.4, "q8_0") == pytest.approx(37.6)
+    assert ps.expected_aggregate(40.0, 1) == 40.0
+    assert ps.expected_aggregate(40.0, 4, 0.5) == pytest.approx(80.0)
+    cal = {"version": 1, "records": [record(0.4, exponent=0.7), record(0.4, exponent=0.5, uuid="b")]}
+    assert ps.aggregate_exponent(V100, cal) == 0.6
+    assert ps.aggregate_exponent(H200, cal) == ps.AGGREGATE_EXPONENT
+
+
+PLAN = {"gpu_name": "Tesla V100-SXM2-32GB", "quant": "Q4_K_M", "cache_type_k": "q8_0", "decode_ceiling_tps": 45.0,
+        "partial_offload": False, "decode_efficiency": {"gpu_family": "volta", "quant_family": "Q4_K", "arch": "dense"}}
+INSTANCE = {"gpu_index": 0, "gpu_uuid": "GPU-1", "gpu_name": "Tesla V100-SXM2-32GB", "ceiling_ratio": 0.376,
+            "single_stream_tps": 16.9, "aggregate_slots_tps": 38.0, "parallel": 4}
+
+
+def test_calibration_record_from_a_verify_measurement():
+    rec, why = ps.calibration_record(INSTANCE, PLAN, "gpu01", "2026-12-01T00:00:00Z", "key")
+    assert why is None
+    # the q8_0 KV's cost is the KV's, not the GPU's: 0.376 / 0.94
+    assert rec["efficiency"] == 0.4 and rec["quant_family"] == "Q4_K" and rec["arch"] == "dense"
+    assert rec["aggregate_exponent"] == pytest.approx(0.5844, abs=0.001)  # log(38 / 16.9) / log(4)
+    assert rec["host"] == "gpu01" and rec["build"] == "key"
+
+
+@pytest.mark.parametrize("instance,plan,why", [
+    (dict(INSTANCE, ceiling_ratio=None, ceiling_note="not applicable: llama.cpp backend is cpu"), PLAN, "backend is cpu"),
+    (INSTANCE, dict(PLAN, partial_offload=True), "partial offload"),
+    (INSTANCE, dict(PLAN, decode_efficiency=None), "older llm-fleet"),
+    (dict(INSTANCE, ceiling_ratio=0.0), PLAN, "a failed measurement"),
+])
+def test_no_calibration_record_without_a_gpu_figure(instance, plan, why):
+    rec, reason = ps.calibration_record(instance, plan, "gpu01")
+    assert rec is None and why in reason
+
+
+def test_merge_replaces_per_card_and_keeps_a_close_figure():
+    old = {"version": 1, "records": [dict(record(0.40), measured_at="t0"), dict(record(0.30, uuid="GPU-2"), measured_at="t0")]}
+    # GPU-1 measured within 5%: the record stays as it was (measured_at too)
+    merged = ps.merge_calibration(old, [dict(record(0.41), measured_at="t1")])
+    assert merged == ps.merge_calibration(merged, [dict(record(0.41), measured_at="t2")])
+    assert [r["measured_at"] for r in merged["records"]] == ["t0", "t0"]
+    # a real change replaces it; the other card's record stays
+    merged = ps.merge_calibration(old, [dict(record(0.50), measured_at="t1")])
+    assert sorted((r["gpu_uuid"], r["efficiency"]) for r in merged["records"]) == [("GPU-1", 0.5), ("GPU-2", 0.3)]
+    # another build of the same card is another record
+    merged = ps.merge_calibration(old, [record(0.41, build="b2")])
+    assert len(merged["records"]) == 3
+
+
+def test_calibration_filters(tmp_path):
+    calibration = paths.load_file("calibration_filters", "filter_plugins/calibration.py").FilterModule().filters()
+    read, merge = calibration["llm_fleet_calibration"], calibration["llm_fleet_calibration_merge"]
+    assert read("", "f") == {} and read(None, "f") == {}
+    content = merge({}, [record(0.4)])
+    assert read(json.dumps(content), "f") == content
+    with pytest.raises(AnsibleFilterError, match="/x/cal.json is not JSON"):
+        read("{not json", "/x/cal.json")
+    with pytest.raises(AnsibleFilterError, match="not a calibration file of version 1"):
+        read('{"records": {}}', "/x/cal.json")
