@@ -11,7 +11,10 @@
 #                              Q4_K GGUF written here and catalogued by path
 #   llama_server               --check --diff: the drop-in it renders; its ExecStart
 #                              and Environment are then started here (no systemd)
-#   verify's load test         roles/verify/files/llm_fleet_loadtest.py against it
+#   verify                     for real, against that server (the rendered instance handed
+#                              over: no systemd recorded one): llama-bench, the load test,
+#                              VRAM, and the fleet's decode calibration it records
+#   model, again               for real: the next plan reads that calibration
 #
 # Run from the repository root, as root, with:
 #   .whl/                      wheels of ansible-core 2.19 (+ resolvelib, cryptography,
@@ -145,17 +148,47 @@ stamp "health: $(health)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 cat "$OUT/nvidia-smi-compute-apps.csv"
-python3 roles/verify/files/llm_fleet_loadtest.py --url "http://127.0.0.1:$port" --streams 1,4,slots --n-predict 128 \
-  --budget-s 150 --strip-streams > "$OUT/loadtest.json" 2> "$OUT/loadtest.err"; echo "loadtest rc=$?" | tee -a "$OUT/rc.txt"
+# --- verify, the role itself, against the running server ----------------------------
+# No systemd here, so the llama_server stage recorded no instance: the instance the
+# check run rendered is handed to verify (its documented override), and verify's
+# calibration goes where the next model run reads it.
+python3 - "$OUT/units.json" /etc/llm-fleet/plan.json "$port" "$OUT/reports" > "$WORK/verify-vars.yml" <<'PY'
+import json, sys
+units, plans, port = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["plans"], int(sys.argv[3])
+p = plans[0]
+print(json.dumps({
+    "verify_instances": [{"gpu_index": p["gpu_index"], "gpu_uuid": p["gpu_uuid"], "port": port,
+                          "unit": "llama-server@%s.service" % p["gpu_index"], "quant": p["quant"],
+                          "ctx_size": p["ctx_size"], "parallel": p["parallel"], "cache_type_k": p["cache_type_k"],
+                          "cache_type_v": p["cache_type_v"], "model_path": p["model_path"]}],
+    "verify_server_environment": units["0"]["environment"],
+    "verify_report_dir": sys.argv[4],
+}))
+PY
+echo "fleet_common_calibration_file: $OUT/decode-calibration.json" >> "$WORK/host-vars.yml"
+stamp "verify stage (real, against the running server)"
+playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify.log" 2>&1; echo "verify rc=$?" | tee -a "$OUT/rc.txt"
+grep -A3 'Print the instance' "$OUT/stage-verify.log" | head -8; grep -A8 'Say what the calibration gained' "$OUT/stage-verify.log" | head -12
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps-after.csv" 2>&1
 kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
+
+# --- the model stage again: the next plan expects what verify measured ----------------
+cp /etc/llm-fleet/plan.json "$OUT/plan-before-calibration.json"
+stamp "model stage again (reads the calibration)"
+playbook playbooks/model.yml > "$OUT/stage-model-2.log" 2>&1; echo "model(2) rc=$?" | tee -a "$OUT/rc.txt"
+cp /etc/llm-fleet/plan.json "$OUT/plan.json"
 python3 - "$OUT" <<'PY'
-import json, sys, os
+import json, os, sys
 out = sys.argv[1]
-lt = json.load(open(os.path.join(out, "loadtest.json")))
-print(json.dumps({k: v for k, v in lt.items() if k != "levels"}, indent=1)[:1500])
-for level in lt.get("levels", []):
-    print({k: v for k, v in level.items() if not isinstance(v, (list, dict))})
+before = json.load(open(os.path.join(out, "plan-before-calibration.json")))["plans"][0]
+after = json.load(open(os.path.join(out, "plan.json")))["plans"][0]
+verify = json.load(open("/etc/ansible/facts.d/llm_fleet_verify.fact"))["instances"][0]
+for name, p in (("plan before", before), ("plan after", after)):
+    print("%s: %s %s expected %s / %s tok/s (ceiling %s), efficiency %s from %s: %s" % (
+        name, p["quant"], p["ctx_size"], p["expected_decode_tps"], p["expected_aggregate_tps"], p["decode_ceiling_tps"],
+        p["decode_efficiency"]["value"], p["decode_efficiency"]["from"], p["decode_efficiency"]["source"]))
+print("measured: 1 stream %s tok/s, all %s slots %s tok/s; VRAM %s" % (
+    verify["single_stream_tps"], verify["parallel"], verify["aggregate_slots_tps"], verify["vram"]))
 PY
 # Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
 # bundle of everything (the device tool brings back only a few files per call).
