@@ -56,13 +56,13 @@ def import_project():
         pkg.module_utils = amu
         sys.modules["ansible"] = pkg
         sys.modules["ansible.module_utils"] = amu
-    from ansible.module_utils import gguf_model, llama_plan, nvidia_gpu
+    from ansible.module_utils import gguf_model, llama_plan, nvidia_gpu, plan_speed
     sys.path.insert(0, os.path.join(ROOT, "roles", "verify", "files"))
     import llm_fleet_loadtest
-    return gguf_model, llama_plan, nvidia_gpu, llm_fleet_loadtest
+    return gguf_model, llama_plan, nvidia_gpu, plan_speed, llm_fleet_loadtest
 
 
-gguf_model, llama_plan, nvidia_gpu, loadtest = import_project()
+gguf_model, llama_plan, nvidia_gpu, plan_speed, loadtest = import_project()
 
 
 def role_filters():
@@ -309,7 +309,14 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     model, gpu_facts, policy = o["model"], o["gpu_facts"], o["policy"]
     mem = llama_plan.budget(model, gpu_facts, policy, real_ctx, real_slots, cache_type)
     ceiling = llama_plan.ceiling_for(model, gpu_facts, policy, real_ctx // real_slots, cache_type)
+    # what the planner expects of this very configuration (module_utils/plan_speed.py,
+    # the built-in table: no fleet calibration here)
+    efficiency = plan_speed.efficiency_for(gpu_facts, model)
+    expected = plan_speed.expected_decode(ceiling, efficiency["value"], cache_type)
     entry["predicted"] = {
+        "expected_decode_tps": round(expected, 2),
+        "expected_aggregate_tps": round(plan_speed.expected_aggregate(expected, real_slots), 2),
+        "decode_efficiency": efficiency,
         "predicted_used_bytes": mem["predicted_used_bytes"],
         "weights_bytes": mem["weights_bytes"], "kv_bytes": mem["kv_bytes"], "compute_bytes": mem["compute_bytes"],
         "overhead_bytes": mem["overhead_bytes"], "overhead_cuda_bytes": mem["overhead_cuda_bytes"],
@@ -363,7 +370,17 @@ def figures(entry, o):
     reserved = o["reserved_bytes"]
     fit = entry.get("fit_params") or {}
     single = l1.get("per_stream_tps_mean")
+    # decode summed over every slot busy (the streams' own rates: prompt processing
+    # and queueing left out), what expected_aggregate_tps predicts
+    all_slots = loadtest.level(rep, entry["parallel"]) or {}
+    aggregate_decode = all_slots.get("aggregate_decode_tps")
+    expected, expected_agg = entry["predicted"]["expected_decode_tps"], entry["predicted"]["expected_aggregate_tps"]
     return {
+        "expected_decode_tps": expected,
+        "single_over_expected": _ratio(single, expected),
+        "aggregate_slots_decode_tps": aggregate_decode,
+        "expected_aggregate_tps": expected_agg,
+        "aggregate_over_expected": _ratio(aggregate_decode, expected_agg),
         "single_stream_tps": single,
         "single_stream_ttft_s": l1.get("ttft_s_mean"),
         "aggregate_4_tps": l4.get("aggregate_tps"),
@@ -383,16 +400,18 @@ def figures(entry, o):
 
 
 def table(results):
-    head = ("config", "-c", "-np", "KV", "1-stream", "agg@4", "agg@plan", "ceiling", "1s/ceil", "VRAM MiB",
-            "pred MiB", "meas/pred", "fit MiB")
+    head = ("config", "-c", "-np", "KV", "1-stream", "expect", "1s/exp", "agg@4", "agg@plan", "dec@np", "exp@np",
+            "dec/exp", "ceiling", "1s/ceil", "VRAM MiB", "pred MiB", "meas/pred", "fit MiB")
     rows = [head]
     for e in results:
         f = e.get("figures")
         if not f:
-            rows.append((e["name"], "-", "-", "-", "error: " + str(e.get("error", "?"))[:60]) + ("",) * 8)
+            rows.append((e["name"], "-", "-", "-", "error: " + str(e.get("error", "?"))[:60]) + ("",) * 13)
             continue
         rows.append((e["name"], e["ctx_size"], e["parallel"], e["cache_type"], f["single_stream_tps"],
-                     f["aggregate_4_tps"], f["aggregate_plan_slots_tps"], f["ceiling_tps"], f["single_ratio"],
+                     f["expected_decode_tps"], f["single_over_expected"], f["aggregate_4_tps"],
+                     f["aggregate_plan_slots_tps"], f["aggregate_slots_decode_tps"], f["expected_aggregate_tps"],
+                     f["aggregate_over_expected"], f["ceiling_tps"], f["single_ratio"],
                      f["vram_process_mib"] or f["vram_device_delta_mib"], f["vram_predicted_mib"],
                      f["vram_measured_over_predicted"], f["fit_params_mib"]))
     text = [[("%.1f" % c) if isinstance(c, float) else str(c if c is not None else "-") for c in r] for r in rows]
@@ -490,6 +509,7 @@ def main():
                                            "weight_bytes", "token_embd_bytes", "kv_bytes_per_token")},
         "planner": {"gpu_weight_bytes": model["gpu_weight_bytes"], "plans": []},
         "n_predict": args.n_predict,
+        "aggregate_exponent": plan_speed.AGGREGATE_EXPONENT,
         "configs": [],
     }
     for name, plan, pol, summary in plans:

@@ -187,7 +187,12 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
         return None, "efficiency %.3f is outside %.2f-%.2f: a failed measurement, not a GPU's figure" % (
             efficiency, EFFICIENCY_RANGE[0], EFFICIENCY_RANGE[1])
     exponent = None
-    single, full, slots = instance.get("single_stream_tps"), instance.get("aggregate_slots_tps"), instance.get("parallel")
+    single, slots = instance.get("single_stream_tps"), instance.get("parallel")
+    # the aggregate the plan predicts is decode only: the streams' own rates summed
+    # with every slot busy, not all tokens over the wall time (which counts the
+    # prompts and the first tokens' wait too)
+    level = [l for l in instance.get("levels") or [] if slots and l.get("concurrency") == int(slots)]
+    full = (level[0].get("aggregate_decode_tps") if level else None) or instance.get("aggregate_slots_tps")
     if single and full and slots and int(slots) > 1 and full > single:
         exponent = round(math.log(float(full) / float(single)) / math.log(int(slots)), 3)
     return {

@@ -89,7 +89,8 @@ def test_expected_speeds():
 PLAN = {"gpu_name": "Tesla V100-SXM2-32GB", "quant": "Q4_K_M", "cache_type_k": "q8_0", "decode_ceiling_tps": 45.0,
         "partial_offload": False, "decode_efficiency": {"gpu_family": "volta", "quant_family": "Q4_K", "arch": "dense"}}
 INSTANCE = {"gpu_index": 0, "gpu_uuid": "GPU-1", "gpu_name": "Tesla V100-SXM2-32GB", "ceiling_ratio": 0.376,
-            "single_stream_tps": 16.9, "aggregate_slots_tps": 38.0, "parallel": 4}
+            "single_stream_tps": 16.9, "aggregate_slots_tps": 30.0, "parallel": 4,
+            "levels": [{"concurrency": 1, "aggregate_decode_tps": 16.9}, {"concurrency": 4, "aggregate_decode_tps": 38.0}]}
 
 
 def test_calibration_record_from_a_verify_measurement():
@@ -97,6 +98,7 @@ def test_calibration_record_from_a_verify_measurement():
     assert why is None
     # the q8_0 KV's cost is the KV's, not the GPU's: 0.376 / 0.94
     assert rec["efficiency"] == 0.4 and rec["quant_family"] == "Q4_K" and rec["arch"] == "dense"
+    # from the decode aggregate (38), not all tokens over the wall time (30)
     assert rec["aggregate_exponent"] == pytest.approx(0.5844, abs=0.001)  # log(38 / 16.9) / log(4)
     assert rec["host"] == "gpu01" and rec["build"] == "key"
 
