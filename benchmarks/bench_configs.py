@@ -488,7 +488,10 @@ def main():
         "model": model, "model_path": args.model, "gpu_facts": gpu_facts, "policy": default_policy,
         "plan_slots": plan_slots, "fit_bin": os.path.join(args.bin_dir, "llama-fit-params"),
         "bandwidth_bytes_per_s": args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None,
-        "reserved_bytes": llama_plan.driver_reserved_bytes(gpu_facts["memory_total_bytes"]),
+        # the process's own figure leaves out what the driver reserves: NVML's v2
+        # figure where the driver gives it (615 MiB on the H200), as the planner does
+        "reserved_bytes": (gpu_facts["memory_reserved_bytes"] if gpu_facts.get("memory_reserved_bytes") is not None
+                           else llama_plan.driver_reserved_bytes(gpu_facts["memory_total_bytes"])),
     }
     out = {
         "schema": "llm-fleet-bench/1",

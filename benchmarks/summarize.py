@@ -87,8 +87,10 @@ def render(data, bandwidth=None):
             pct(f["aggregate_slots_decode_tps"], f["expected_aggregate_tps"])))
     lines += ["", "## GPU memory: measured against predicted", "",
               "Predicted = the planner's memory model (`llama_plan.budget`) for the configuration's own "
-              "-c/-np/KV type, less the driver's reservation (0 on this card). Measured = NVML's figure for "
-              "the llama-server process (and the card's used memory less what was used before it started).", "",
+              "-c/-np/KV type, less the driver's reservation (%d MiB on this card: the process's own figure leaves it "
+              "out). Measured = NVML's figure for "
+              "the llama-server process (and the card's used memory less what was used before it started)."
+              % ((data["configs"][0].get("predicted") or {}).get("driver_reserved_bytes", 0) // MIB), "",
               "| config | -c | -np | KV | predicted MiB (weights + KV + compute + CUDA overhead) | process MiB | card delta MiB "
               "| process vs predicted | llama-fit-params MiB (model+context+compute) | process vs fit-params "
               "| card used MiB (NVML) | card used vs predicted_used |",
