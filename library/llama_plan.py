@@ -194,7 +194,16 @@ plans:
         recurrent_state_bytes: {description: Part of kv_bytes in recurrent state., type: int}
         overhead_cuda_bytes: {description: Part of overhead_bytes for the process., type: int}
         overhead_driver_reserved_bytes: {description: Part of overhead_bytes the driver holds., type: int}
-        predicted_used_bytes: {description: What nvidia-smi should show as used with the server loaded (total less headroom)., type: int}
+        predicted_used_bytes:
+          description: >-
+            The card's used memory with the server loaded, as NVML counts it (v2 used + reserved, v1 used):
+            total less headroom. verify compares it with nvidia_gpu_facts' memory_used_bytes.
+          type: int
+        predicted_process_bytes:
+          description: >-
+            The process's own use, what nvidia-smi --query-compute-apps shows - predicted_used_bytes less
+            the driver's reservation.
+          type: int
         free_bytes: {description: gpu_total_bytes - total_bytes (beyond the headroom)., type: int}
         host_weights_bytes: {description: Weights kept in host memory., type: int}
     warnings: {description: This GPU's warnings., type: list, elements: str}

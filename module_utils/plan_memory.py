@@ -9,6 +9,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.module_utils.gguf_model import SWA_CELL_PAD, kv_row_bytes, round_up
+from ansible.module_utils.plan_speed import gpu_family
 
 MIB = 1 << 20
 
@@ -44,10 +45,19 @@ CUDA_OVERHEAD_MIB_BY_MAJOR = {11: 576, 12: 576, 13: 576}
 
 CUDA_OVERHEAD_BYTES = CUDA_OVERHEAD_MIB_BY_MAJOR[13] * MIB
 
-# What the driver keeps of the card before any process starts (NVML counts it as
-# used): a few hundred MiB on a V100 with R525; the harness profiles use 309 MiB.
-# Subtracted only where the reported total does not already leave it out
-# (driver_reserved_bytes()).
+# What the driver keeps of the card before any process starts (NVML v1 counts it
+# as used; v2 reports it as `reserved`, and nvidia-smi's memory.used leaves it out
+# on R510+ drivers). NVML's own figure is used where the driver gives it; else this
+# per-family table:
+#   hopper  615 MiB  MEASURED: NVML v2 on an H200 (driver 580), before any process;
+#                    its total includes it
+#   volta   309 MiB  ASSUMED: "a few hundred MiB" on a V100 with R525; the harness
+#                    profiles use it (NVIDIA publishes no figure). Older drivers' v1
+#                    total may already leave it out (a V100-16GB shows 16160 MiB):
+#                    driver_reserved_bytes() counts only what the total still holds
+#   others  309 MiB  the same rule
+DRIVER_RESERVED_MIB_BY_FAMILY = {"hopper": 615}
+
 DRIVER_RESERVED_BYTES = 309 * MIB
 
 DEFAULT_HEADROOM_BYTES = 512 * MIB
@@ -208,7 +218,8 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
         # which the whole-GiB rule below missed); the rule only for older drivers.
         reserved = gpu.get("memory_reserved_bytes")
     if reserved is None:
-        reserved = driver_reserved_bytes(total_card)
+        family_mib = DRIVER_RESERVED_MIB_BY_FAMILY.get(gpu_family(gpu))
+        reserved = family_mib * MIB if family_mib else driver_reserved_bytes(total_card)
     overhead = policy["overhead_bytes"] + reserved
     headroom = policy["headroom_bytes"]
     total = weights + caches["total"] + compute + overhead + headroom
@@ -225,7 +236,11 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
         "recurrent_state_bytes": caches["recurrent"],
         "overhead_cuda_bytes": policy["overhead_bytes"],
         "overhead_driver_reserved_bytes": reserved,
+        # the card's used memory with the server loaded, as NVML counts it (v2 used
+        # + reserved; v1 used): what verify compares with nvidia_gpu_facts
         "predicted_used_bytes": total - headroom,
+        # the process's own use, what `nvidia-smi --query-compute-apps` shows
+        "predicted_process_bytes": total - headroom - reserved,
         "free_bytes": total_card - total,
         "host_weights_bytes": model["token_embd_bytes"] if full_offload else model["weight_bytes"] - weights,
     }
