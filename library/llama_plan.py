@@ -62,6 +62,10 @@ options:
       - C(target_ctx) (int, default 32768) tokens in total to aim for; this is C(-c), which
         llama.cpp shares across the slots.
       - C(min_parallel) (int, default 1) and C(target_parallel) (int, default 4) slots (C(-np)).
+      - C(objective) (str, default C(latency)) C(latency) plans C(target_parallel) slots sharing
+        C(target_ctx), each stream's speed first; C(throughput) plans the most slots of
+        C(min_ctx) that fit (up to C(max_parallel), int, default 16), with the KV type whose
+        expected aggregate is highest, and spends the memory left on context per slot.
       - C(cache_types) (list, default C([f16, q8_0])) KV cache types allowed, in order of
         preference; among C(f16), C(q8_0), C(q4_0).
       - C(headroom_bytes) (int, default 536870912 = 512 MiB) left free on the card.

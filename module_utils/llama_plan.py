@@ -29,6 +29,11 @@ DEFAULT_POLICY = {
     "target_ctx": 32768,           # tokens in total (the -c value aimed for, shared by the slots)
     "min_parallel": 1,
     "target_parallel": 4,
+    # latency: target_parallel slots sharing target_ctx, the speed of each stream
+    # first; throughput: as many slots of min_ctx as fit (up to max_parallel), the KV
+    # type with the most expected aggregate, the rest of the memory as context
+    "objective": "latency",
+    "max_parallel": 16,
     "cache_types": ["f16", "q8_0"],  # in order of preference
     "headroom_bytes": DEFAULT_HEADROOM_BYTES,
     # expected single-stream decode (ceiling x efficiency), tok/s: docs/planning.md
@@ -43,7 +48,9 @@ DEFAULT_POLICY = {
     "host_memory_bandwidth_bytes_per_s": HOST_MEMORY_BANDWIDTH,
 }
 
-_INT_KEYS = ("min_ctx", "target_ctx", "min_parallel", "target_parallel", "ubatch_size", "batch_size")
+_INT_KEYS = ("min_ctx", "target_ctx", "min_parallel", "target_parallel", "max_parallel", "ubatch_size", "batch_size")
+
+OBJECTIVES = ("latency", "throughput")
 
 _BYTES_KEYS = ("headroom_bytes", "overhead_bytes", "reserved_bytes")
 
@@ -95,6 +102,12 @@ def normalize_policy(policy):
     if not 0 < out["kv_fill"] <= 1:
         raise PlanError("policy.kv_fill must be in (0, 1], got %s" % out["kv_fill"])
     out["allow_partial_offload"] = _bool(out["allow_partial_offload"], "allow_partial_offload")
+    out["objective"] = str(out["objective"]).strip().lower()
+    if out["objective"] not in OBJECTIVES:
+        raise PlanError("policy.objective must be one of %s, got %r" % (", ".join(OBJECTIVES), policy["objective"]))
+    if out["max_parallel"] < out["min_parallel"]:
+        raise PlanError("policy.max_parallel (%d) is below policy.min_parallel (%d)"
+                        % (out["max_parallel"], out["min_parallel"]))
     types = out["cache_types"]
     if isinstance(types, str):
         types = [t.strip() for t in types.split(",") if t.strip()]
@@ -203,6 +216,39 @@ def spend(model, gpu, policy, n_gpu_layers=None):
     return None
 
 
+def most_slots(model, gpu, policy, cache_type, seq, n_gpu_layers=None):
+    """Most slots in [min_parallel, max_parallel] of seq tokens each that fit, or 0."""
+    lo, hi = policy["min_parallel"], policy["max_parallel"]
+    if not fits(budget(model, gpu, policy, seq * lo, lo, cache_type, n_gpu_layers)):
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(budget(model, gpu, policy, seq * mid, mid, cache_type, n_gpu_layers)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def spend_throughput(model, gpu, policy, efficiency, exponent):
+    """The throughput objective: for each cache type, the most slots of min_ctx that
+    fit (up to max_parallel); the type whose expected aggregate is highest; then the
+    memory left as context per slot. Returns a dict like spend(), or None."""
+    min_seq, max_seq = slot_limits(model, policy)
+    options = []
+    for ct in policy["cache_types"]:
+        p = most_slots(model, gpu, policy, ct, min_seq)
+        if p:
+            single = expected_decode(ceiling_for(model, gpu, policy, min_seq, ct), efficiency, ct)
+            options.append((expected_aggregate(single, p, exponent), ct, p))
+    if not options:
+        return None
+    aggregate, ct, p = max(options, key=lambda o: (o[0], -policy["cache_types"].index(o[1])))
+    seq = largest_slot(model, gpu, policy, p, ct, min_seq, max_seq) or min_seq
+    return {"parallel": p, "cache_type": ct, "ctx_per_slot": seq, "ctx_size": seq * p, "cap": max_seq,
+            "options": [(o[1], o[2], round(o[0], 1)) for o in options], "objective": "throughput"}
+
+
 def evaluate(model, gpu, policy, n_gpu_layers=None, calibration=None):
     ct, memory, smallest_type = minimum_config(model, gpu, policy, n_gpu_layers, with_type=True)
     min_seq, _ = slot_limits(model, policy)
@@ -286,7 +332,13 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     ngl = chosen["n_gpu_layers"]
     # a partial offload keeps the minimum service; so does a full one where rounding
     # to whole cells leaves no room above the minimum
-    config = None if partial else spend(model, gpu, policy)
+    exponent = aggregate_exponent(gpu, calibration)
+    if partial:
+        config = None
+    elif policy["objective"] == "throughput":
+        config = spend_throughput(model, gpu, policy, chosen["efficiency"]["value"], exponent)
+    else:
+        config = spend(model, gpu, policy)
     if config is None:
         min_seq, _ = slot_limits(model, policy)
         config = {"parallel": policy["min_parallel"], "cache_type": chosen["cache_type"], "ctx_per_slot": min_seq,
@@ -295,7 +347,6 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
     efficiency = chosen["efficiency"]
     expected = expected_decode(ceiling, efficiency["value"], config["cache_type"])
-    exponent = aggregate_exponent(gpu, calibration)
     aggregate = expected_aggregate(expected, config["parallel"], exponent)
 
     threads = policy["threads"]
@@ -341,6 +392,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "cache_type_v": config["cache_type"],
         "n_gpu_layers": ngl if partial else model["n_layer"] + 1,
         "partial_offload": partial,
+        "objective": policy["objective"],
         "flash_attn": fa,
         "batch_size": policy["batch_size"],
         "ubatch_size": policy["ubatch_size"],

@@ -119,6 +119,14 @@ def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, parti
         config["ctx_size"], config["parallel"], config["ctx_per_slot"])
     if partial:
         parts.append("Context: the minimum, %s, %s." % (ctx_text, kv_desc))
+    elif config.get("objective") == "throughput":
+        others = "; ".join("%s: %d slot(s), %.1f tok/s" % (ct, p, agg) for ct, p, agg in config["options"]
+                           if ct != config["cache_type"])
+        parts.append("Context (objective throughput): %d slot(s), the most of at least %d tokens each that fit "
+                     "(policy.max_parallel %d), with %s KV, whose expected aggregate is the highest%s; %s, the "
+                     "memory left spent on context per slot." % (
+                         config["parallel"], policy["min_ctx"], policy["max_parallel"], config["cache_type"],
+                         (" (the other types: %s)" % others) if others else "", ctx_text))
     else:
         if config["parallel"] < policy["target_parallel"]:
             slots = "%d slot(s), fewer than the %d targeted: more would leave a slot under %d tokens" % (

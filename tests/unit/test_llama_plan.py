@@ -511,3 +511,34 @@ def test_two_memory_figures_and_the_reserved_fallback_per_family(dense_meta):
     assert m["predicted_process_bytes"] == m["predicted_used_bytes"] - 615 * MIB
     m = lp.plan_host([dict(h200, memory_reserved_bytes=600 * MIB)], models, {})["plans"][0]["memory"]
     assert m["overhead_driver_reserved_bytes"] == 600 * MIB  # NVML's own figure wins
+
+
+def test_throughput_objective_spends_the_card_on_slots(gpus, dense_meta):
+    latency, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
+    result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"objective": "throughput"})
+    p, = result["plans"]
+    check_plan(p, dense_meta, {"target_ctx": 1 << 30, "target_parallel": 16})
+    # the same quantization (the usual rule), more slots of at least min_ctx each
+    assert p["quant"] == latency["quant"] == "Q4_K_M" and p["objective"] == "throughput"
+    assert p["parallel"] > latency["parallel"] and p["ctx_per_slot"] >= 4096
+    assert p["expected_aggregate_tps"] > latency["expected_aggregate_tps"]
+    # q8_0 KV holds twice the slots of f16 for ~6% of each stream's speed: it wins here
+    assert p["cache_type_k"] == "q8_0"
+    assert "Context (objective throughput): %d slot(s)" % p["parallel"] in p["reason"]
+    assert "the other types: f16:" in p["reason"]
+    # nothing is left idle: one more slot of min_ctx, or more context per slot, would not fit
+    m = p["memory"]
+    assert m["free_bytes"] < 2 * GIB
+
+
+def test_throughput_objective_stops_at_max_parallel_and_checks_its_keys(dense_meta):
+    h200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-h", "memory_total_bytes": 143771 * MIB,
+            "memory_bandwidth_bytes_per_s": 4.8e12, "compute_capability": "9.0", "numa_node": 0,
+            "cpu_affinity": list(range(16))}
+    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    p = lp.plan_host([h200], models, {"objective": "throughput", "max_parallel": 12})["plans"][0]
+    assert p["parallel"] == 12 and p["ctx_per_slot"] > 4096
+    with pytest.raises(lp.PlanError, match="policy.objective must be one of latency, throughput, got 'fast'"):
+        lp.plan_host([h200], models, {"objective": "fast"})
+    with pytest.raises(lp.PlanError, match="policy.max_parallel"):
+        lp.plan_host([h200], models, {"max_parallel": 0})
