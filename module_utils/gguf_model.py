@@ -5,8 +5,9 @@
 # Shared by the gguf_info module and the llama_plan module. The arithmetic here
 # (which layers hold a KV cache, how many bytes a cached token costs) is plain
 # Python over a metadata dict, so the planner can use it on metadata declared
-# before a download; only read_model() needs the `gguf` package, imported when
-# called. Python 3.8-compatible because Ubuntu 20.04 hosts run it.
+# before a download; read_model() parses the header itself (skipping the
+# vocabulary) and needs only the `gguf` package's table of ggml type sizes,
+# imported when called. Python 3.8-compatible because Ubuntu 20.04 hosts run it.
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -246,28 +247,49 @@ def shard_paths(path):
     return paths
 
 
-def _field_value(field):
-    value = field.contents()
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return value
-
-
-# GGUF value types (ggml's gguf.h): fixed sizes; 8 is a string, 9 an array.
-_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# GGUF value types (ggml's gguf.h): struct formats of the fixed ones; 8 is a
+# string, 9 an array.
+_GGUF_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_FIXED = dict((kind, struct.calcsize(fmt)) for kind, fmt in _GGUF_FORMATS.items())
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 # The smallest a metadata entry (key length, a 1-byte key, type, a 1-byte value)
 # and a tensor entry (name length, 1-byte name, n_dims, one dim, type, offset) can be.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1
 _MIN_TENSOR_BYTES = 8 + 1 + 4 + 8 + 4 + 8
+# Arrays longer than these are walked (bounds checked) but not decoded: the
+# vocabulary (152k tokens, as many merges, scores and types on a Qwen model) is
+# most of a header and nothing the planner reads; its length is kept.
+_DECODE_MAX_STRINGS = 1024
+_DECODE_MAX_NUMBERS = 65536
+_DEFAULT_ALIGNMENT = 32
+
+
+class UndecodedArray(object):
+    """A metadata array left undecoded (too long to matter): its element type and length."""
+
+    def __init__(self, kind, length):
+        self.kind, self.length = kind, length
+
+    def __len__(self):
+        return self.length
+
+    def __repr__(self):
+        return "<GGUF array of %d elements of type %d, not decoded>" % (self.length, self.kind)
 
 
 def check_header_bounds(path):
     """Walk a GGUF header and refuse one whose counts or lengths cannot fit in the
-    file, before any reader allocates or loops on them: a few-KB file declaring a
+    file, before anything allocates or loops on them: a few-KB file declaring a
     billion tensors, a 2^60-byte string or array must fail at once, naming the
     entry, not exhaust the host's memory. Returns the header's (version,
     tensor count, metadata count)."""
+    header = read_header(path)
+    return header["version"], len(header["tensors"]), len(header["fields"])
+
+
+def read_header(path):
+    """{version, fields, tensors, data_offset} of one GGUF file, from its header and
+    tensor table only (the weights are never read), checked against the file's size."""
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
         data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
@@ -299,18 +321,19 @@ def _walk_header(path, data, size):
         offset += struct.calcsize(fmt)
         return value
 
-    def string(what):
+    def string(what, decode=True):
         nonlocal offset
         length = number("Q", what)
         need(length, "%s (a string of %d bytes)" % (what, length))
-        value = bytes(data[offset:offset + min(length, 256)])
+        value = bytes(data[offset:offset + length]).decode("utf-8", "replace") if decode else None
         offset += length
-        return value.decode("utf-8", "replace")
+        return value
 
     for count, least, what in ((n_tensors, _MIN_TENSOR_BYTES, "tensors"), (n_kv, _MIN_KV_BYTES, "metadata entries")):
         if count * least > size - offset:
             raise GGUFError("%s is truncated or corrupt: its header declares %d %s, which cannot fit in a %d-byte "
                             "file (an interrupted download?)" % (path, count, what, size))
+    fields = {}
     for index in range(n_kv):
         key = string("metadata entry %d's key" % index)
         kind = number("I", "the type of %s" % key)
@@ -320,28 +343,61 @@ def _walk_header(path, data, size):
                 if count * 8 > size - offset:
                     raise GGUFError("%s is corrupt: %s declares %d strings, which cannot fit in a %d-byte file"
                                     % (path, key, count, size))
-                for item in range(count):
-                    string("%s[%d]" % (key, item))
+                decode = count <= _DECODE_MAX_STRINGS
+                items = [string("%s[%d]" % (key, item), decode) for item in range(count)]
+                fields[key] = items if decode else UndecodedArray(kind, count)
                 continue
             if kind not in _GGUF_FIXED:
                 raise GGUFError("%s is corrupt: %s is an array of unknown type %d" % (path, key, kind))
             need(count * _GGUF_FIXED[kind], "%s (%d elements)" % (key, count))
+            if count <= _DECODE_MAX_NUMBERS:
+                fields[key] = list(struct.unpack_from("%s%d%s" % (order, count, _GGUF_FORMATS[kind]), data, offset))
+            else:
+                fields[key] = UndecodedArray(kind, count)
             offset += count * _GGUF_FIXED[kind]
         elif kind == _GGUF_STRING:
-            string(key)
+            fields[key] = string(key)
         elif kind in _GGUF_FIXED:
-            need(_GGUF_FIXED[kind], key)
-            offset += _GGUF_FIXED[kind]
+            fields[key] = number(_GGUF_FORMATS[kind], key)
         else:
             raise GGUFError("%s is corrupt: %s has unknown type %d" % (path, key, kind))
+    tensors = []
     for index in range(n_tensors):
         name = string("tensor %d's name" % index)
         n_dims = number("I", "the dimension count of %s" % name)
         if n_dims > 8:
             raise GGUFError("%s is corrupt: tensor %s declares %d dimensions (ggml has at most 4)" % (path, name, n_dims))
         need(8 * n_dims + 12, "tensor %s's shape, type and offset" % name)
-        offset += 8 * n_dims + 12
-    return version, n_tensors, n_kv
+        shape = list(struct.unpack_from("%s%dQ" % (order, n_dims), data, offset))
+        offset += 8 * n_dims
+        tensor_type = number("I", "the type of %s" % name)
+        tensors.append({"name": name, "shape": shape, "type": tensor_type,
+                        "offset": number("Q", "the offset of %s" % name)})
+    alignment = fields.get("general.alignment") or _DEFAULT_ALIGNMENT
+    return {"version": version, "fields": fields, "tensors": tensors,
+            "data_offset": round_up(offset, int(alignment))}
+
+
+def _tensor_sizes(path, tensors, data_offset):
+    """The tensor table's entries with type name, element and byte counts (ggml's
+    block sizes, from gguf-py's table), and the end of the last tensor's data."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # the table only: no reader
+    out, end = [], 0
+    for t in tensors:
+        try:
+            qtype = GGMLQuantizationType(t["type"])
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise GGUFError("%s is corrupt or newer than this gguf package: tensor %s has type %d, which it does not "
+                            "know" % (path, t["name"], t["type"]))
+        n_elements = 1
+        for d in t["shape"]:
+            n_elements *= int(d)
+        n_bytes = n_elements * type_size // block
+        out.append({"name": t["name"], "type": t["type"], "type_name": qtype.name, "shape": t["shape"],
+                    "n_elements": n_elements, "n_bytes": n_bytes})
+        end = max(end, data_offset + int(t["offset"]) + n_bytes)
+    return out, end
 
 
 def _read_one(path):
@@ -361,40 +417,12 @@ def _read_one(path):
         raise GGUFError("%s cannot be read: %s" % (path, err))
     if magic != b"GGUF":
         raise GGUFError("%s is not a GGUF model: it starts with %r, not b'GGUF'" % (path, magic))
-    check_header_bounds(path)
-    from gguf import GGUFReader  # imported here so the planner's arithmetic needs no gguf
-    try:
-        # memory-mapped: the tensor table gives offsets and shapes; the tensor
-        # data arrays are lazy views into the map and are never touched here.
-        reader = GGUFReader(path, "r")
-    except Exception as err:  # numpy/struct errors on a cut-off header or table
-        raise GGUFError("%s is truncated or corrupt (%d bytes; an interrupted download?): the GGUF reader "
-                        "stopped with: %s" % (path, size, err))
-    fields = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            fields[name] = _field_value(field)
-        except Exception as err:
-            raise GGUFError("%s is corrupt: metadata key %s cannot be decoded: %s" % (path, name, err))
-    tensors = []
-    end = 0
-    for t in reader.tensors:
-        tensors.append({
-            "name": t.name,
-            "type": int(t.tensor_type),
-            "type_name": t.tensor_type.name,
-            "shape": [int(d) for d in t.shape],
-            "n_elements": int(t.n_elements),
-            "n_bytes": int(t.n_bytes),
-        })
-        end = max(end, int(t.data_offset) + int(t.n_bytes))
-    del reader
+    header = read_header(path)
+    tensors, end = _tensor_sizes(path, header["tensors"], header["data_offset"])
     if end > size:
         raise GGUFError("%s is truncated: the tensor table needs %d bytes, the file has %d (incomplete download?)"
                         % (path, end, size))
-    return fields, tensors, size
+    return header["fields"], tensors, size
 
 
 def file_type_label(file_type_id):
@@ -462,7 +490,7 @@ def read_model(path):
     vocab = _key(fields, arch, "vocab_size")
     if vocab is None and embd is not None and len(embd["shape"]) > 1:
         vocab = embd["shape"][1]
-    if vocab is None and isinstance(fields.get("tokenizer.ggml.tokens"), list):
+    if vocab is None and isinstance(fields.get("tokenizer.ggml.tokens"), (list, UndecodedArray)):
         vocab = len(fields["tokenizer.ggml.tokens"])
     head_count = _key(fields, arch, "attention.head_count", 0)
     file_type_id = fields.get("general.file_type")

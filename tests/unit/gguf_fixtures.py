@@ -134,6 +134,29 @@ def truncate(path, keep_bytes):
     return path
 
 
+def write_big_vocab(path, vocab=152064, merges=151387):
+    """The dense 32B shape with a real-sized BPE vocabulary in its header (tokens,
+    types, merges): what makes a real Qwen header ~7 MB."""
+    from gguf_writer import QWEN25_32B
+    s, arch = QWEN25_32B, QWEN25_32B["arch"]
+    kv = {
+        "general.name": "Qwen2.5-32B-synthetic-vocab",
+        "general.file_type": file_type("Q4_K_M"),
+        "%s.block_count" % arch: 64,
+        "%s.context_length" % arch: s["n_ctx"],
+        "%s.embedding_length" % arch: s["n_embd"],
+        "%s.feed_forward_length" % arch: s["n_ff"],
+        "%s.attention.head_count" % arch: s["n_head"],
+        "%s.attention.head_count_kv" % arch: s["n_head_kv"],
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["tok%d" % i for i in range(vocab)],
+        "tokenizer.ggml.token_type": [1] * vocab,
+        "tokenizer.ggml.merges": ["m%d n%d" % (i, i) for i in range(merges)],
+    }
+    tensors = dense_tensors(64, s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], vocab, bias=True)
+    return write_sparse(path, arch, kv, quantize(tensors, "Q4_K_M", 64))
+
+
 def write_all(directory):
     """Every model the tests use, by name -> path of the file to give gguf_info."""
     d = Path(directory)

@@ -275,3 +275,25 @@ def test_a_header_that_cannot_fit_in_its_file_fails_at_once(tmp_path, what, data
     assert time.monotonic() - start < 5, what
     for word in words:
         assert word in str(err.value), (what, str(err.value))
+
+
+def test_the_vocabulary_is_walked_not_decoded(tmp_path):
+    """A real-sized vocabulary (152064 tokens, their types, 151387 merges) is most of a
+    Qwen header: the reader checks its bounds but keeps only its length, and reads the
+    same shape as without it (benchmarks/gguf_read.py times it against GGUFReader)."""
+    path, = gguf_fixtures.write_big_vocab(tmp_path / "qwen2.5-32b-Q4_K_M.gguf")
+    header = gguf_model.read_header(str(path))
+    tokens, types = header["fields"]["tokenizer.ggml.tokens"], header["fields"]["tokenizer.ggml.token_type"]
+    assert isinstance(tokens, gguf_model.UndecodedArray) and len(tokens) == 152064
+    assert isinstance(types, gguf_model.UndecodedArray) and len(types) == 152064
+    assert len(header["fields"]["tokenizer.ggml.merges"]) == 151387
+    assert header["fields"]["tokenizer.ggml.model"] == "gpt2"  # short values are decoded
+    meta = gguf_model.read_model(str(path))
+    plain = gguf_model.read_model(str(gguf_fixtures.dense_32b(tmp_path / "plain-Q4_K_M.gguf")[0]))
+    for key in ("vocab_size", "weight_bytes", "parameter_count", "block_count", "head_count_kv", "kv_bytes_per_token"):
+        assert meta[key] == plain[key], key
+    # a cut inside the vocabulary is still found
+    with open(path, "r+b") as handle:
+        handle.truncate(3 << 20)
+    with pytest.raises(gguf_model.GGUFError, match=r"is corrupt.*tokenizer\.ggml\.\w+"):
+        gguf_model.read_model(str(path))
