@@ -573,6 +573,23 @@ def test_the_record_is_what_a_rerun_reproduces():
                                {"results": [{"skipped": True, "item": PLAN}]}, "/x/llama-fit-params", "Qwen2.5-32B",
                                "/m", {"target_ctx": 16384})
     assert rerun == record
+    assert record["previews"] == []
+
+
+def test_a_preview_model_is_recorded_and_shown_not_served():
+    entries = F.llm_model_entries([{"quant": "F32", "url": "http://m/tiny.gguf", "sha256": SHA, "metadata": META}],
+                                  "/m")
+    served = dict(PLAN, quant="F32")
+    preview = dict(PLAN, reason="Q4_K_M: the best quality ...", expected_decode_tps=28.1)
+    results = [{"item": {"key": "Qwen2.5-32B", "value": {}}, "plans": [preview]}]
+    record = F.llm_model_record([served], entries, {"files": []}, None, "", "tiny", "/m", {}, None, results)
+    p, = record["previews"]
+    assert p["name"] == "Qwen2.5-32B" and p["plans"][0]["quant"] == "Q4_K_M"
+    assert p["plans"][0]["summary"].endswith("expected 28.1 tok/s (ceiling 45.0)")
+    assert record["summary"].startswith("GPU 0: F32,")
+    assert " | preview, not served, Qwen2.5-32B: GPU 0: Q4_K_M," in record["summary"]
+    lines = F.llm_model_preview_lines(results)
+    assert lines[0] == "Preview, not served: Qwen2.5-32B" and lines[2] == "    why: Q4_K_M: the best quality ..."
 
 
 # --- progress while the module runs in the background ------------------------------

@@ -1,8 +1,30 @@
 """Every host after site.yml (check mode ran first on the new hosts: the scenario's
 check step, which used to be the default scenario's)."""
+import json
 
 
 def test_host_is_up_with_no_failed_units(host):
     assert host.process.get(pid=1).comm == "systemd"
     failed = host.run("systemctl --failed --no-legend --plain").stdout.strip()
     assert failed == "", failed
+
+
+# The plan each card gets for a real 32B model (llm_model_previews in the harness
+# inventory: declared figures only), beside the tiny model the CPU serves.
+PREVIEW = {"fleet-sxm2-32gb": ["Q4_K_M"], "fleet-sxm2-16gb": ["Q3_K_S"], "fleet-2x-sxm2-16gb": ["Q3_K_S", "Q3_K_S"]}
+
+
+def test_the_32b_preview_is_planned_per_card_and_not_served(host):
+    name = host.backend.get_hostname()
+    if name not in PREVIEW:
+        return  # fleet_debian11 shares this directory
+    fact = json.loads(host.file("/etc/ansible/facts.d/llm_fleet_model.fact").content_string)
+    preview, = fact["previews"]
+    assert preview["name"] == "Qwen2.5-32B-Instruct"
+    assert [p["quant"] for p in preview["plans"]] == PREVIEW[name]
+    for plan in preview["plans"]:
+        assert plan["expected_decode_tps"] < plan["decode_ceiling_tps"]
+        assert plan["summary"] in fact["summary"] and "preview, not served" in fact["summary"]
+    # nothing of it is on the host: the tiny model alone is served
+    assert not host.run("ls /var/lib/llm-fleet/models | grep -i qwen").stdout.strip()
+    assert all(p["quant"] == "F32" for p in fact["plans"])

@@ -343,8 +343,36 @@ def llm_model_progress_line(text):
     return line
 
 
+def llm_model_preview_records(results):
+    """The preview models' plans (llama_plan results of a loop over
+    llm_model_previews), one entry per model: its name and, per GPU, the plan's
+    one-line summary and why."""
+    out = []
+    for result in results or []:
+        name = (result.get("item") or {}).get("key")
+        plans = result.get("plans") or []
+        out.append({"name": name, "summary": "; ".join(plan_summary(p) for p in plans),
+                    "plans": [{"gpu_index": p.get("gpu_index"), "quant": p.get("quant"), "ctx_size": p.get("ctx_size"),
+                               "parallel": p.get("parallel"), "cache_type_k": p.get("cache_type_k"),
+                               "expected_decode_tps": p.get("expected_decode_tps"),
+                               "decode_ceiling_tps": p.get("decode_ceiling_tps"), "summary": plan_summary(p),
+                               "reason": p.get("reason")} for p in plans]})
+    return out
+
+
+def llm_model_preview_lines(results):
+    """What each preview model would get, to read (it is not served)."""
+    lines = []
+    for preview in llm_model_preview_records(results):
+        lines.append("Preview, not served: %s" % preview["name"])
+        for plan in preview["plans"]:
+            lines.append("  %s" % plan["summary"])
+            lines.append("    why: %s" % plan["reason"])
+    return lines
+
+
 def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", model_name="", model_dir="",
-                     policy=None, choice=None):
+                     policy=None, choice=None, previews=None):
     """What the stage records (plan.json and the local fact): the plans, each with
     its files, checksums, where its figures came from, why its quantization was
     chosen (`choice`: llama_plan's result from the declared figures) and
@@ -371,12 +399,17 @@ def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", mod
         if first:
             record["choice"] = {"quant": first["quant"], "reason": first["reason"], "summary": plan_summary(first)}
         records.append(record)
+    preview_records = llm_model_preview_records(previews)
+    summary = "; ".join(plan_summary(p) for p in records)
+    for preview in preview_records:
+        summary += " | preview, not served, %s: %s" % (preview["name"], preview["summary"])
     return {
         "model": model_name or os.path.basename(records[0]["model_path"]) if records else model_name,
         "model_dir": model_dir,
         "policy": policy or {},
         "plans": records,
-        "summary": "; ".join(plan_summary(p) for p in records),
+        "previews": preview_records,
+        "summary": summary,
     }
 
 
@@ -391,5 +424,6 @@ class FilterModule(object):
             "llm_model_fit_argv": llm_model_fit_argv,
             "llm_model_fit_estimate": llm_model_fit_estimate,
             "llm_model_record": llm_model_record,
+            "llm_model_preview_lines": llm_model_preview_lines,
             "llm_model_progress_line": llm_model_progress_line,
         }
