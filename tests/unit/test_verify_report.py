@@ -144,6 +144,22 @@ def test_fleet_report_lists_flagged_errors_and_missing_hosts():
     json.dumps(report)
 
 
+def test_the_plot_keeps_every_label_inside_the_frame_and_names_an_off_scale_ceiling():
+    import xml.etree.ElementTree as ET
+    near = record(synthetic_loadtest(single=30.0, agg4=90.0), host="gpu01")  # ceiling 43.5: drawn
+    tiny = record(synthetic_loadtest(single=20.0), host="gpu02")
+    tiny["instances"][0]["decode_ceiling_tps"] = 1776202.0  # a tiny model: named, not drawn
+    svg = ET.fromstring(vr.verify_fleet_svg(vr.verify_fleet_report([near, tiny], "now", {})))
+    width = float(svg.get("width"))
+    texts = [e for e in svg.iter() if e.tag.endswith("text")]
+    for t in texts:  # a value label starts at most ~8 characters (7 px each) before the right edge
+        if t.get("text-anchor") != "end":
+            assert float(t.get("x")) + 7 * len(t.text) <= width, (t.text, t.get("x"))
+    assert any(t.text == "ceiling 1776202, off scale" for t in texts)
+    lines = [e for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "#c00"]
+    assert len(lines) == 1  # only the near ceiling is a red line
+
+
 # --- a real CPU llama-server ------------------------------------------------------------
 
 def test_record_from_a_real_server_on_a_cpu_build(served):

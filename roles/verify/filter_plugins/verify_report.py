@@ -373,10 +373,14 @@ def verify_fleet_svg(report, width=720):
             rows.append(("%s GPU %s" % (record["host"], i["gpu_index"]), i.get("single_stream_tps") or 0,
                          i.get("aggregate_slots_tps") or 0, i.get("decode_ceiling_tps") if i.get("ceiling_ratio")
                          is not None else None, i.get("flagged")))
-    label_w, bar_h, gap, top = 200, 10, 8, 30
+    # room on the right for the value labels; a ceiling far above every measured
+    # figure (a tiny model served by a CPU) is named, not drawn: it would flatten the bars
+    label_w, bar_h, gap, top, right = 200, 10, 8, 30, 80
     height = top + len(rows) * (2 * bar_h + gap) + 30
-    scale_max = max([max(r[1], r[2], r[3] or 0) for r in rows] + [1.0])
-    plot_w = width - label_w - 20
+    measured_max = max([max(r[1], r[2]) for r in rows] + [1.0])
+    drawn = [r[3] for r in rows if r[3] and r[3] <= 3 * measured_max]
+    scale_max = max([measured_max] + drawn)
+    plot_w = width - label_w - right
 
     def x(value):
         return label_w + plot_w * float(value) / scale_max
@@ -395,13 +399,16 @@ def verify_fleet_svg(report, width=720):
         out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#8fb8de"/>' % (label_w, y + bar_h,
                                                                                        x(full) - label_w, bar_h))
         out.append('<text x="%.1f" y="%d">%.1f</text>' % (x(full) + 3, y + 2 * bar_h - 1, full))
-        if ceiling:
+        if ceiling and ceiling <= scale_max:
             out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c00" stroke-width="2"/>'
                        % (x(ceiling), y - 2, x(ceiling), y + 2 * bar_h + 2))
+        elif ceiling:
+            out.append('<text x="%d" y="%d" text-anchor="end" fill="#c00">ceiling %.0f, off scale</text>'
+                       % (width - 4, y + 2 * bar_h - 1, ceiling))
         y += 2 * bar_h + gap
     out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444"/>' % (label_w, top - 4, label_w, y))
     out.append('<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%.0f tok/s</text>'
-               % (label_w, y + 14, width - 20, y + 14, scale_max))
+               % (label_w, y + 14, label_w + plot_w, y + 14, scale_max))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
