@@ -189,3 +189,13 @@ def test_llama_bench_output_of_a_real_build(llama_bin_dir, tiny_model):
     assert [t["test"] for t in figures["tests"]] == ["pp16", "tg4"]
     assert figures["prompt_tps"] > 0 and figures["decode_tps"] > 0
     assert figures["build_commit"]
+
+
+def test_the_vram_plot_shows_measured_against_predicted_on_gpu_builds_only():
+    import xml.etree.ElementTree as ET
+    rec = record(synthetic_loadtest(single=30.0))
+    svg = ET.fromstring(vr.verify_fleet_vram_svg(vr.verify_fleet_report([rec], "now", {})))
+    texts = [e.text for e in svg.iter() if e.tag.endswith("text")]
+    assert "27.00 / 27.41 (-1.5%)" in texts
+    cpu = record(synthetic_loadtest(single=30.0), llama_cpp=dict(CUDA_BUILD, backend="cpu"))
+    assert vr.verify_fleet_vram_svg(vr.verify_fleet_report([cpu], "now", {})) == ""

@@ -413,6 +413,52 @@ def verify_fleet_svg(report, width=720):
     return "\n".join(out) + "\n"
 
 
+def verify_fleet_vram_svg(report, width=720):
+    """Per instance on a GPU build: VRAM measured (dark) against the plan's prediction
+    (light), as a share of the card; empty string when no instance has both."""
+    rows = []
+    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
+        for i in record.get("instances", []):
+            vram = i.get("vram") or {}
+            if vram.get("note") or not vram.get("measured_used_bytes") or not vram.get("predicted_used_bytes"):
+                continue
+            rows.append(("%s GPU %s" % (record["host"], i["gpu_index"]), vram["measured_used_bytes"] / GIB,
+                         vram["predicted_used_bytes"] / GIB, (vram.get("total_bytes") or 0) / GIB))
+    if not rows:
+        return ""
+    label_w, bar_h, gap, top, right = 200, 10, 8, 30, 150
+    height = top + len(rows) * (2 * bar_h + gap) + 30
+    scale_max = max([max(r[1], r[2], r[3]) for r in rows] + [1.0])
+    plot_w = width - label_w - right
+
+    def x(value):
+        return label_w + plot_w * float(value) / scale_max
+
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
+           % (width, height),
+           '<text x="10" y="18" font-size="13">GPU memory per instance, GiB: measured (dark), predicted (light), '
+           'the card (grey line)</text>']
+    y = top
+    for label, measured, predicted, card in rows:
+        out.append('<text x="10" y="%d">%s</text>' % (y + bar_h + 3, _esc(label)))
+        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#2b5d8a"/>' % (label_w, y, x(measured) - label_w,
+                                                                                       bar_h))
+        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#8fb8de"/>' % (label_w, y + bar_h,
+                                                                                       x(predicted) - label_w, bar_h))
+        out.append('<text x="%.1f" y="%d">%.2f / %.2f (%+.1f%%)</text>' % (
+            max(x(measured), x(predicted)) + 3, y + 2 * bar_h - 1, measured, predicted,
+            (measured / predicted - 1) * 100 if predicted else 0))
+        if card:
+            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#888" stroke-width="2"/>'
+                       % (x(card), y - 2, x(card), y + 2 * bar_h + 2))
+        y += 2 * bar_h + gap
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444"/>' % (label_w, top - 4, label_w, y))
+    out.append('<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%.0f GiB</text>'
+               % (label_w, y + 14, label_w + plot_w, y + 14, scale_max))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -421,5 +467,6 @@ class FilterModule(object):
             "verify_fleet_report": verify_fleet_report,
             "verify_fleet_markdown": verify_fleet_markdown,
             "verify_fleet_svg": verify_fleet_svg,
+            "verify_fleet_vram_svg": verify_fleet_vram_svg,
             "verify_llama_bench_figures": llama_bench_figures,
         }
