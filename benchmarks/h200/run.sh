@@ -9,6 +9,10 @@
 #                                    and the seeds' and llama.cpp's default servers,
 #                                    the load test, llama-bench, llama-fit-params
 #   benchmarks/h200/run.sh all       both
+#   HYBRID=1 benchmarks/h200/run.sh prepare   also write the random Qwen3.5-27B-shaped
+#                                    hybrid (~15 GB); then `bench-hybrid`: defaults, plan
+#                                    and two more plans on it (bench-h200-hybrid.json,
+#                                    summary-hybrid.md); HYBRID=1 ... all runs it too
 #
 # Inputs: the llama.cpp source archive (.cache/harness/llama.cpp-<commit>.tar.gz,
 # made by scripts/fetch-llama-source.sh; its gguf-py is used to write and read
@@ -26,6 +30,8 @@ JOBS=${JOBS:-$(nproc)}
 COMMIT=${COMMIT:-0c1e57098bba43ac29e6e3b677cdceebdd22334f}
 TARBALL=${TARBALL:-$REPO/.cache/harness/llama.cpp-${COMMIT:0:12}.tar.gz}
 MODEL=$WORK/qwen2.5-32b-shape-q4_k-random.gguf
+HYBRID=${HYBRID:-0}
+HYBRID_MODEL=$WORK/qwen3.5-27b-shape-q4_k-random.gguf
 NPREDICT=${NPREDICT:-128}
 mkdir -p "$WORK" "$OUT" "$WORK/logs"
 
@@ -57,6 +63,10 @@ prepare() {
         stamp "write the model"
         PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" "$MODEL"
     fi
+    if [ "$HYBRID" = 1 ] && [ ! -f "$HYBRID_MODEL" ]; then
+        stamp "write the hybrid model"
+        PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" --shape qwen35-27b "$HYBRID_MODEL"
+    fi
     stamp "measure read bandwidth (torch)"
     python3 "$REPO/benchmarks/h200/bandwidth.py" 8 > "$WORK/bandwidth.json"
     cat "$WORK/bandwidth.json"
@@ -83,10 +93,30 @@ bench() {
     tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
 }
 
+# the hybrid: only llama.cpp's defaults and plans (the seeds' settings were tuned for the dense
+# model); its own log folder, as the servers' logs are named by configuration
+bench_hybrid() {
+    [ -f "$HYBRID_MODEL" ] || { echo "no hybrid model at $HYBRID_MODEL (HYBRID=1 $0 prepare)" >&2; exit 2; }
+    local bw
+    bw=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['read_gbs'])" "$WORK/bandwidth.json")
+    stamp "benchmark the hybrid (measured read bandwidth $bw GB/s)"
+    mkdir -p "$WORK/logs/hybrid"
+    PYTHONPATH="$WORK/src/gguf-py" PYTHONUNBUFFERED=1 python3 "$REPO/benchmarks/bench_configs.py" \
+        --bin-dir "$WORK/build/bin" --model "$HYBRID_MODEL" --out "$OUT/bench-h200-hybrid.json" \
+        --log-dir "$WORK/logs/hybrid" --bandwidth-gbs "$bw" --commit "$COMMIT" --n-predict "$NPREDICT" --llama-bench \
+        --configs defaults,plan \
+        --extra-plan 'long_q8={"target_ctx": 131072, "target_parallel": 8, "cache_types": ["q8_0"]}' \
+        --extra-plan 'many={"target_ctx": 65536, "target_parallel": 16}'
+    python3 "$REPO/benchmarks/summarize.py" "$OUT/bench-h200-hybrid.json" "$WORK/bandwidth.json" > "$OUT/summary-hybrid.md"
+    cp "$WORK/bandwidth.json" "$WORK/build.json" "$WORK/nvidia-smi.csv" "$OUT/" 2>/dev/null || true
+    tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
+}
+
 case "${1:-all}" in
     prepare) prepare ;;
     bench) bench ;;
-    all) prepare; bench ;;
-    *) echo "usage: $0 prepare|bench|all" >&2; exit 2 ;;
+    bench-hybrid) bench_hybrid ;;
+    all) prepare; bench; if [ "$HYBRID" = 1 ]; then bench_hybrid; fi ;;
+    *) echo "usage: $0 prepare|bench|bench-hybrid|all" >&2; exit 2 ;;
 esac
 stamp done

@@ -1,7 +1,7 @@
 """The project's one GGUF test-model writer (pure gguf-py, Python 3.9+).
 
-The per-layer tensor layout of a dense llama-family model is written here once
-(dense_tensors); three modes fill it:
+The per-layer tensor layout of a dense llama-family model (dense_tensors) and of
+the Qwen3.5 hybrid (hybrid_tensors) is written here once; three modes fill it:
 
 - sparse (write_sparse): real header and tensor table, no weights: the file is
   extended with truncate() to the size of its data, so a 20 GB-shaped model
@@ -15,7 +15,8 @@ The per-layer tensor layout of a dense llama-family model is written here once
 
 Tensors are (name, ne, role, layer): ne in ggml order (ne0 first, as llama.cpp
 lists them; numpy shape is reversed(ne)), role one of embd, norm, bias, weight,
-more (attn_v/ffn_down: more bits in *_M quants), output; layer None outside blocks.
+more (attn_v/ffn_down: more bits in *_M quants), output, or one of the hybrid's other
+f32 tensors (conv: ssm_conv1d, ssm_a, ssm_dt: F32_ROLES); layer None outside blocks.
 
 Import (see tests/harness/paths.py): put tests/harness on sys.path, then
 `import gguf_writer`.
@@ -36,6 +37,18 @@ QWEN25_32B = {
     "arch": "qwen2", "n_layer": 64, "n_embd": 5120, "n_head": 40, "n_head_kv": 8, "head_dim": 128,
     "n_ff": 27648, "n_vocab": 152064, "n_ctx": 32768, "rope_theta": 1000000.0, "eps": 1e-6,
 }
+
+# Qwen3.5-27B (qwen35): every 4th layer full attention (gated query, 256-wide heads, partial
+# interleaved M-RoPE), the other 48 gated delta net (ssm_*: 16 key heads, 48 value heads, 128 wide).
+QWEN35_27B = {
+    "arch": "qwen35", "n_layer": 64, "n_embd": 5120, "n_head": 24, "n_head_kv": 4, "head_dim": 256,
+    "n_ff": 17408, "n_vocab": 248320, "n_ctx": 262144, "rope_theta": 10000000.0, "eps": 1e-6,
+    "rope_dim": 64, "rope_sections": [11, 11, 10, 0], "full_attn_interval": 4,
+    "ssm_k_heads": 16, "ssm_v_heads": 48, "ssm_head_dim": 128, "ssm_conv": 4,
+}
+
+# roles stored f32 (the rest are quantized)
+F32_ROLES = ("norm", "bias", "conv", "ssm_a", "ssm_dt")
 
 RECIPES = {
     # ftype: (base type, type of attn_v/ffn_down in use_more_bits layers, output, token_embd)
@@ -86,10 +99,51 @@ def dense_tensors(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, b
     return out
 
 
+def hybrid_tensors(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                   ssm_k_heads, ssm_v_heads, ssm_head_dim, ssm_conv, full_attn_interval=4):
+    """The tensors of a Qwen3.5 hybrid (qwen35): layer i is full attention when
+    (i + 1) % full_attn_interval == 0 (attn_q holds query and output gate: 2 x n_head x head_dim
+    rows), else gated delta net (key and value heads both ssm_head_dim wide, as llama.cpp reads
+    them from ssm.state_size); post_attention_norm instead of ffn_norm; untied output."""
+    kv = n_head_kv * head_dim
+    value_dim = ssm_v_heads * ssm_head_dim
+    conv_dim = 2 * ssm_k_heads * ssm_head_dim + value_dim  # q, k, v through the causal conv
+    out = [("token_embd.weight", (n_embd, n_vocab), "embd", None)]
+    for i in range(n_layer):
+        p = "blk.%d." % i
+        out.append((p + "attn_norm.weight", (n_embd,), "norm", i))
+        if (i + 1) % full_attn_interval == 0:
+            out += [
+                (p + "attn_q.weight", (n_embd, n_head * head_dim * 2), "weight", i),  # query + output gate
+                (p + "attn_q_norm.weight", (head_dim,), "norm", i),
+                (p + "attn_k.weight", (n_embd, kv), "weight", i),
+                (p + "attn_k_norm.weight", (head_dim,), "norm", i),
+                (p + "attn_v.weight", (n_embd, kv), "more", i),
+                (p + "attn_output.weight", (n_head * head_dim, n_embd), "weight", i),
+            ]
+        else:
+            out += [
+                (p + "attn_qkv.weight", (n_embd, conv_dim), "weight", i),
+                (p + "attn_gate.weight", (n_embd, value_dim), "weight", i),
+                (p + "ssm_conv1d.weight", (ssm_conv, conv_dim), "conv", i),
+                (p + "ssm_a", (ssm_v_heads,), "ssm_a", i),
+                (p + "ssm_dt.bias", (ssm_v_heads,), "ssm_dt", i),
+                (p + "ssm_beta.weight", (n_embd, ssm_v_heads), "weight", i),
+                (p + "ssm_alpha.weight", (n_embd, ssm_v_heads), "weight", i),
+                (p + "ssm_norm.weight", (ssm_head_dim,), "norm", i),
+                (p + "ssm_out.weight", (value_dim, n_embd), "weight", i),
+            ]
+        out.append((p + "post_attention_norm.weight", (n_embd,), "norm", i))
+        out += ffn_tensors(i, n_embd, n_ff)[1:]  # no ffn_norm: post_attention_norm is it
+    out.append(("output_norm.weight", (n_embd,), "norm", None))
+    out.append(("output.weight", (n_embd, n_vocab), "output", None))
+    return out
+
+
 def quantize(tensors, ftype, n_layer, embd_type=None):
     """[(name, ne, GGMLQuantizationType)] of tensors under a RECIPES ftype."""
     base, more, out_t, embd_t = RECIPES[ftype]
-    types = {"norm": F32, "bias": F32, "weight": base, "output": out_t, "embd": embd_type or embd_t}
+    types = dict({role: F32 for role in F32_ROLES}, weight=base, output=out_t, embd=embd_type or embd_t)
     return [(name, ne, (more if use_more_bits(i, n_layer) else base) if role == "more" else types[role])
             for name, ne, role, i in tensors]
 
@@ -155,12 +209,32 @@ def add_spm_vocab(writer, tokens, scores, types, bos=1, eos=2, unk=0):
     writer.add_add_bos_token(True)
 
 
+def f32_values(role, shape, rng):
+    """Data of an f32 tensor (numpy shape) in the random modes, values that keep activations finite:
+    norms one; ssm_a = -exp(A_log) in [-16, -1] and ssm_dt.bias = softplus^-1(dt), dt log-uniform
+    in [0.001, 0.1], the Mamba-2 style initialisation (llama.cpp's decay exp(softplus(alpha + dt) * a)
+    stays below one); conv kernels uniform +-1/sqrt(kernel) (torch's Conv1d default);
+    biases normal(0, 0.01)."""
+    if role == "norm":
+        return np.ones(shape, dtype=np.float32)
+    if role == "ssm_a":
+        return -rng.uniform(1.0, 16.0, size=shape).astype(np.float32)
+    if role == "ssm_dt":
+        dt = np.exp(rng.uniform(math.log(1e-3), math.log(0.1), size=shape))
+        return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+    if role == "conv":
+        bound = 1.0 / math.sqrt(shape[-1])
+        return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    return (rng.standard_normal(shape) * 0.01).astype(np.float32)
+
+
 def add_random_f32(writer, tensors, rng, scale=0.05):
-    """Tiny f32 mode: add every tensor with data, norms one, the rest normal(0, scale)."""
+    """Tiny f32 mode: add every tensor with data, norms one (and the hybrid's ssm/conv tensors
+    as f32_values makes them), the rest normal(0, scale)."""
     for name, ne, role, _ in tensors:
         shape = tuple(reversed(ne))
-        if role == "norm":
-            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
+        if role in ("norm", "conv", "ssm_a", "ssm_dt"):
+            writer.add_tensor(name, f32_values(role, shape, rng))
         else:
             writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
@@ -182,11 +256,11 @@ def q4k_block_pool(n_bytes, seed=0):
 
 
 def _is_f32(role):
-    return role in ("norm", "bias")
+    return role in F32_ROLES
 
 
 def add_q4k_tensor_info(writer, tensors):
-    """Q4_K random mode, step 1: the tensor table (every weight Q4_K, norms and biases f32).
+    """Q4_K random mode, step 1: the tensor table (every weight Q4_K, F32_ROLES f32).
     Returns the largest tensor's byte count."""
     biggest = 0
     for name, ne, role, _ in tensors:
@@ -210,10 +284,8 @@ def stream_random_q4k(writer, tensors, biggest, seed=0):
     total = 0
     for _, ne, role, _ in tensors:
         shape = tuple(reversed(ne))
-        if role == "norm":
-            data = np.ones(shape, dtype=np.float32)
-        elif role == "bias":
-            data = (rng.standard_normal(shape) * 0.01).astype(np.float32)
+        if _is_f32(role):
+            data = f32_values(role, shape, rng)
         else:
             nbytes = q4k_bytes(*shape)
             # rotate the start (whole blocks) so tensors are not byte-identical

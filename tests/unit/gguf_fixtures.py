@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))  # conftest does it too
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf_writer import (F32, RECIPES, dense_32b, dense_tensors, ffn_tensors, file_type,  # noqa: E402,F401
-                         quantize, tensor_nbytes, use_more_bits, write_sparse)
+                         hybrid_tensors, quantize, tensor_nbytes, use_more_bits, write_sparse)
 
 write_gguf = write_sparse  # the name the tests know
 
@@ -40,17 +40,11 @@ def _common_kv(arch, name, ftype, n_layer, n_ctx, n_embd, n_ff, n_head, n_head_k
     }
 
 
-def _ffn(i, n_layer, n_embd, n_ff, base, more):
-    return [(name, ne, (more if use_more_bits(i, n_layer) else base) if role == "more" else
-             F32 if role == "norm" else base) for name, ne, role, _ in ffn_tensors(i, n_embd, n_ff)]
-
-
 def hybrid_27b(path, ftype="Q4_K_M"):
     """Qwen3.5-27B-shaped hybrid: 16 full-attention layers, 48 gated-delta-net layers."""
     arch, n_layer, n_embd, n_ff, vocab = "qwen35", 64, 5120, 17408, 248320
     n_head, n_head_kv, hd = 24, 4, 256
     k_heads, v_heads, dk, dv, conv = 16, 48, 128, 128, 4
-    base, more, out_t, embd_t = RECIPES[ftype]
     kv = _common_kv(arch, "Qwen3.5-27B-synthetic", ftype, n_layer, 262144, n_embd, n_ff, n_head, n_head_kv)
     kv.update({
         "%s.attention.key_length" % arch: hd,
@@ -62,34 +56,8 @@ def hybrid_27b(path, ftype="Q4_K_M"):
         "%s.ssm.time_step_rank" % arch: v_heads,
         "%s.ssm.inner_size" % arch: v_heads * dv,
     })
-    qkv = 2 * k_heads * dk + v_heads * dv
-    tensors = [("token_embd.weight", (n_embd, vocab), embd_t)]
-    for i in range(n_layer):
-        tensors.append(("blk.%d.attn_norm.weight" % i, (n_embd,), F32))
-        if (i + 1) % 4 == 0:
-            tensors += [
-                ("blk.%d.attn_q.weight" % i, (n_embd, n_head * hd * 2), base),  # query + output gate
-                ("blk.%d.attn_q_norm.weight" % i, (hd,), F32),
-                ("blk.%d.attn_k.weight" % i, (n_embd, n_head_kv * hd), base),
-                ("blk.%d.attn_k_norm.weight" % i, (hd,), F32),
-                ("blk.%d.attn_v.weight" % i, (n_embd, n_head_kv * hd), more if use_more_bits(i, n_layer) else base),
-                ("blk.%d.attn_output.weight" % i, (n_head * hd, n_embd), base),
-            ]
-        else:
-            tensors += [
-                ("blk.%d.attn_qkv.weight" % i, (n_embd, qkv), base),
-                ("blk.%d.attn_gate.weight" % i, (n_embd, v_heads * dv), base),
-                ("blk.%d.ssm_conv1d.weight" % i, (conv, qkv), F32),
-                ("blk.%d.ssm_a" % i, (v_heads,), F32),
-                ("blk.%d.ssm_dt.bias" % i, (v_heads,), F32),
-                ("blk.%d.ssm_beta.weight" % i, (n_embd, v_heads), base),
-                ("blk.%d.ssm_alpha.weight" % i, (n_embd, v_heads), base),
-                ("blk.%d.ssm_norm.weight" % i, (dv,), F32),
-                ("blk.%d.ssm_out.weight" % i, (v_heads * dv, n_embd), base),
-            ]
-        tensors.append(("blk.%d.post_attention_norm.weight" % i, (n_embd,), F32))
-        tensors += _ffn(i, n_layer, n_embd, n_ff, base, more)[1:]
-    tensors += [("output_norm.weight", (n_embd,), F32), ("output.weight", (n_embd, vocab), out_t)]
+    tensors = quantize(hybrid_tensors(n_layer, n_embd, n_head, n_head_kv, hd, n_ff, vocab, k_heads, v_heads, dk, conv),
+                       ftype, n_layer)
     return write_gguf(path, arch, kv, tensors)
 
 
