@@ -315,7 +315,8 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     expected = plan_speed.expected_decode(ceiling, efficiency["value"], cache_type)
     entry["predicted"] = {
         "expected_decode_tps": round(expected, 2),
-        "expected_aggregate_tps": round(plan_speed.expected_aggregate(expected, real_slots), 2),
+        "expected_aggregate_tps": round(plan_speed.expected_aggregate(
+            expected, real_slots, plan_speed.AGGREGATE_EXPONENT_BY_ARCH[efficiency["arch"]]), 2),
         "decode_efficiency": efficiency,
         "predicted_used_bytes": mem["predicted_used_bytes"],
         "weights_bytes": mem["weights_bytes"], "kv_bytes": mem["kv_bytes"], "compute_bytes": mem["compute_bytes"],

@@ -332,7 +332,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     ngl = chosen["n_gpu_layers"]
     # a partial offload keeps the minimum service; so does a full one where rounding
     # to whole cells leaves no room above the minimum
-    exponent = aggregate_exponent(gpu, calibration)
+    exponent = aggregate_exponent(gpu, calibration, chosen["efficiency"]["arch"])
     if partial:
         config = None
     elif policy["objective"] == "throughput":

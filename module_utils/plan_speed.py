@@ -32,6 +32,10 @@ EFFICIENCY_TABLE = {
     ("hopper", "Q5_K", "*"): (0.343, "H200 quant sweep 2026-12-01 (Q5_K_M, llama-bench)"),
     ("hopper", "Q6_K", "*"): (0.312, "H200 quant sweep 2026-12-01 (Q6_K, llama-bench)"),
     ("hopper", "Q8_0", "*"): (0.488, "H200 quant sweep 2026-12-01 (Q8_0, llama-bench)"),
+    # a hybrid (gated delta net + every 4th layer full attention) decodes a smaller
+    # share of its ceiling: the dense figure predicted it 15-25% high
+    ("hopper", "Q4_K", "hybrid"): (0.245, "H200 2026-12-01, random-weight Qwen3.5-27B-shaped hybrid Q4_K, "
+                                          "llama-server single stream, -c 32768 -np 4 (h200-hybrid-2026-12-01)"),
     # V100: public measurements, not this project's (no V100 here); docs/planning.md
     # lists each source. 900 GB/s ceiling, ~27B files unless said.
     ("volta", "Q4_K", "*"): (0.64, "public V100 figures, 27B Q4_K_M hybrid (Qwen3.x-27B): 0.63-0.68 in three "
@@ -55,8 +59,11 @@ DEFAULT_EFFICIENCY = (0.32, "assumed: the H200's Q4_K figure (no measurement for
 
 # Aggregate decode over n busy slots = single stream x n ** exponent. Measured
 # through llama-server on an H200 (32B Q4_K, docs/planning.md): 4 streams 2.3x the
-# single stream (exponent 0.60), 16 streams 4.5-4.7x (0.55); the middle.
+# single stream (exponent 0.60), 16 streams 4.5-4.7x (0.55); the middle. A hybrid
+# batches worse (its recurrent layers run per sequence): 0.55 at 4 slots, 0.43-0.44
+# at 8 and 16 (h200-hybrid-2026-12-01).
 AGGREGATE_EXPONENT = 0.58
+AGGREGATE_EXPONENT_BY_ARCH = {"dense": AGGREGATE_EXPONENT, "hybrid": 0.47}
 
 # A quantized KV cache costs single-stream speed (measured on an H200: q8_0 78 vs
 # f16 83 tok/s, same file and binary): expected decode is scaled by this.
@@ -148,12 +155,13 @@ def efficiency_for(gpu, model, calibration=None):
     return out
 
 
-def aggregate_exponent(gpu, calibration=None):
-    """The fleet's median exponent for cards of this name, else AGGREGATE_EXPONENT."""
+def aggregate_exponent(gpu, calibration=None, arch="dense"):
+    """The fleet's median exponent for cards of this name and this architecture
+    kind, else the built-in one for the kind."""
     values = [float(r["aggregate_exponent"]) for r in _records(calibration)
-              if r.get("gpu_name") == gpu.get("name") and isinstance(r.get("aggregate_exponent"), (int, float))
-              and 0 < r["aggregate_exponent"] <= 1]
-    return round(_median(values), 3) if values else AGGREGATE_EXPONENT
+              if r.get("gpu_name") == gpu.get("name") and r.get("arch", "dense") == arch
+              and isinstance(r.get("aggregate_exponent"), (int, float)) and 0 < r["aggregate_exponent"] <= 1]
+    return round(_median(values), 3) if values else AGGREGATE_EXPONENT_BY_ARCH.get(arch, AGGREGATE_EXPONENT)
 
 
 def expected_decode(ceiling, efficiency, cache_type="f16"):

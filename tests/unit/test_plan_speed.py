@@ -84,6 +84,14 @@ def test_expected_speeds():
     cal = {"version": 1, "records": [record(0.4, exponent=0.7), record(0.4, exponent=0.5, uuid="b")]}
     assert ps.aggregate_exponent(V100, cal) == 0.6
     assert ps.aggregate_exponent(H200, cal) == ps.AGGREGATE_EXPONENT
+    # a hybrid batches worse: its own exponent, and the fleet's dense figures do not count for it
+    assert ps.aggregate_exponent(V100, cal, "hybrid") == ps.AGGREGATE_EXPONENT_BY_ARCH["hybrid"] < ps.AGGREGATE_EXPONENT
+
+
+def test_a_hybrid_has_its_own_efficiency_where_measured():
+    e = ps.efficiency_for(H200, HYBRID)
+    assert (e["value"], e["arch"], e["from"]) == (0.245, "hybrid", "table") and "hybrid" in e["source"]
+    assert ps.efficiency_for(H200, DENSE)["value"] == 0.322
 
 
 PLAN = {"gpu_name": "Tesla V100-SXM2-32GB", "quant": "Q4_K_M", "cache_type_k": "q8_0", "decode_ceiling_tps": 45.0,
