@@ -29,6 +29,12 @@ description:
   - Partial offload (layers in host memory) is planned only when nothing fits fully and
     C(allow_partial_offload) is true. When nothing fits, the module fails with the budget
     table of the smallest candidate and what to change.
+  - On a host with two or more GPUs, one instance over all of them (C(split_mode) C(tensor)
+    or C(layer)) is planned instead of one per GPU when it serves a better quantization
+    that meets the floor, or meets the floor one card alone misses, or is the only fit;
+    with the same quantization either way, one instance per GPU (about twice the
+    aggregate, and a card lost leaves the other serving). Such a plan names every GPU in
+    C(gpu_indices) and C(gpu_uuids), and each card's share in C(memory.per_gpu).
   - The arithmetic and every constant are explained in C(docs/planning.md).
 options:
   gpus:
@@ -36,7 +42,8 @@ options:
       - The host's GPUs, entries as C(nvidia_gpu_facts) returns them in
         C(ansible_facts.nvidia_gpus). Used keys are C(index), C(name), C(uuid),
         C(memory_total_bytes), C(memory_bandwidth_bytes_per_s), C(compute_capability),
-        C(numa_node), C(cpu_affinity) and, for a warning only, C(memory_used_bytes).
+        C(numa_node), C(cpu_affinity), C(pci_bus_id) and C(nvlink_peers) (a split's
+        exchange between cards) and, for a warning only, C(memory_used_bytes).
     type: list
     elements: dict
     required: true
@@ -72,6 +79,9 @@ options:
       - C(min_decode_tps) (float, default 25) floor on the expected single-stream decode
         (the ceiling times the decode efficiency of the GPU family and weight type).
       - C(allow_partial_offload) (bool, default false).
+      - C(allow_split) (bool, default true) one instance over all the host's GPUs may be
+        planned (see above); C(split_modes) (list, default C([tensor, layer])) the modes to
+        consider; C(tensor) is experimental at the pinned llama.cpp, C(row) does not load on CUDA.
       - C(overhead_bytes) (int, default 603979776 = 576 MiB) CUDA context, cuBLAS workspace
         and pool of one llama-server process.
       - C(reserved_bytes) (int, default computed per card) memory the driver holds before any

@@ -30,7 +30,23 @@ PLAN_FLAGS = (
     ("flash_attn", "--flash-attn", "-fa", _ALL),
     ("batch_size", "--batch-size", "-b", (SERVER, FIT_PARAMS)),
     ("ubatch_size", "--ubatch-size", "-ub", (SERVER, FIT_PARAMS)),
+    ("split_mode", "--split-mode", "-sm", _ALL),
+    ("tensor_split", "--tensor-split", "-ts", _ALL),
 )
+
+# Only a plan over several GPUs carries these; a one-GPU plan leaves llama.cpp's
+# own default (its only device holds everything) and its command line unchanged.
+_SPLIT_KEYS = ("split_mode", "tensor_split")
+
+
+def split_value(plan, key, program):
+    """None when the plan runs on one GPU; else the flag's value. llama-bench
+    separates the proportions with '/' (its ',' lists several test values)."""
+    if plan.get("split_mode", "none") in ("none", None):
+        return None
+    if key == "split_mode":
+        return str(plan["split_mode"])
+    return ("/" if program == BENCH else ",").join("%g" % float(f) for f in plan["tensor_split"])
 
 
 def flash_attn_value(value, program):
@@ -55,7 +71,11 @@ def plan_flags(plan, program, short=False):
     for key, long_flag, short_flag, programs in PLAN_FLAGS:
         if program not in programs:
             continue
-        if key == "flash_attn":  # plans recorded before it was planned ran with it on
+        if key in _SPLIT_KEYS:
+            value = split_value(plan, key, program)
+            if value is None:
+                continue
+        elif key == "flash_attn":  # plans recorded before it was planned ran with it on
             value = flash_attn_value(plan.get(key, True), program)
         else:
             value = str(plan[key])

@@ -23,6 +23,7 @@ from ansible.module_utils.plan_memory import (  # noqa: F401 (re-exported)
 from ansible.module_utils.plan_model import QUANT_BPW, model_from_metadata, quant_bpw  # noqa: F401 (re-exported)
 from ansible.module_utils.plan_speed import (
     aggregate_exponent, efficiency_for, expected_aggregate, expected_decode)
+from ansible.module_utils.plan_split import SPLIT_MODES, split_group, tensor_split_supported, with_sync
 
 DEFAULT_POLICY = {
     "min_ctx": 4096,               # tokens per slot, at least
@@ -46,6 +47,10 @@ DEFAULT_POLICY = {
     "threads": None,               # None: physical cores of the GPU's CPU affinity
     "kv_fill": KV_FILL_FRACTION,
     "host_memory_bandwidth_bytes_per_s": HOST_MEMORY_BANDWIDTH,
+    # a host with two or more GPUs may run one instance over all of them when that
+    # serves a better quant or meets the floor one card misses (docs/planning.md)
+    "allow_split": True,
+    "split_modes": ["tensor", "layer"],
 }
 
 _INT_KEYS = ("min_ctx", "target_ctx", "min_parallel", "target_parallel", "max_parallel", "ubatch_size", "batch_size")
@@ -102,6 +107,15 @@ def normalize_policy(policy):
     if not 0 < out["kv_fill"] <= 1:
         raise PlanError("policy.kv_fill must be in (0, 1], got %s" % out["kv_fill"])
     out["allow_partial_offload"] = _bool(out["allow_partial_offload"], "allow_partial_offload")
+    out["allow_split"] = _bool(out["allow_split"], "allow_split")
+    modes = out["split_modes"]
+    if isinstance(modes, str):
+        modes = [m.strip() for m in modes.split(",") if m.strip()]
+    modes = [str(m).lower() for m in modes or []]
+    if [m for m in modes if m not in SPLIT_MODES]:
+        raise PlanError("policy.split_modes must list modes among %s (row does not load on CUDA at the pinned "
+                        "llama.cpp), got %r" % (", ".join(SPLIT_MODES), out["split_modes"]))
+    out["split_modes"] = list(dict.fromkeys(modes))
     out["objective"] = str(out["objective"]).strip().lower()
     if out["objective"] not in OBJECTIVES:
         raise PlanError("policy.objective must be one of %s, got %r" % (", ".join(OBJECTIVES), policy["objective"]))
@@ -230,6 +244,12 @@ def most_slots(model, gpu, policy, cache_type, seq, n_gpu_layers=None):
     return lo
 
 
+def expected_for(model, gpu, ceiling, efficiency, cache_type):
+    """Expected single-stream decode: ceiling x efficiency, plus a tensor split's
+    exchange between its cards."""
+    return with_sync(expected_decode(ceiling, efficiency, cache_type), model, gpu)
+
+
 def spend_throughput(model, gpu, policy, efficiency, exponent):
     """The throughput objective: for each cache type, the most slots of min_ctx that
     fit (up to max_parallel); the type whose expected aggregate is highest; then the
@@ -239,7 +259,7 @@ def spend_throughput(model, gpu, policy, efficiency, exponent):
     for ct in policy["cache_types"]:
         p = most_slots(model, gpu, policy, ct, min_seq)
         if p:
-            single = expected_decode(ceiling_for(model, gpu, policy, min_seq, ct), efficiency, ct)
+            single = expected_for(model, gpu, ceiling_for(model, gpu, policy, min_seq, ct), efficiency, ct)
             options.append((expected_aggregate(single, p, exponent), ct, p))
     if not options:
         return None
@@ -257,7 +277,8 @@ def evaluate(model, gpu, policy, n_gpu_layers=None, calibration=None):
     efficiency = efficiency_for(gpu, model, calibration)
     return {"model": model, "cache_type": ct, "smallest_type": smallest_type, "memory": memory,
             "fits": ct is not None, "ceiling": ceiling, "efficiency": efficiency,
-            "expected": expected_decode(ceiling, efficiency["value"], cache_type), "n_gpu_layers": n_gpu_layers}
+            "expected": expected_for(model, gpu, ceiling, efficiency["value"], cache_type),
+            "n_gpu_layers": n_gpu_layers}
 
 
 def max_gpu_layers(model, gpu, policy):
@@ -309,7 +330,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     chosen, met = pick(evaluations, floor)
     partial = False
     if chosen is None:
-        if not policy["allow_partial_offload"]:
+        if not policy["allow_partial_offload"] or gpu.get("split"):
             raise PlanError(_no_fit_message(gpu, evaluations, policy))
         partial_evals = []
         for e in evaluations:
@@ -346,11 +367,11 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     memory = budget(model, gpu, policy, config["ctx_size"], config["parallel"], config["cache_type"], ngl)
     ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
     efficiency = chosen["efficiency"]
-    expected = expected_decode(ceiling, efficiency["value"], config["cache_type"])
+    expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
     aggregate = expected_aggregate(expected, config["parallel"], exponent)
 
     threads = policy["threads"]
-    cores = physical_cores(gpu.get("cpu_affinity"))
+    cores = physical_cores(gpu.get("thread_cpus", gpu.get("cpu_affinity")))
     if threads is None:
         if cores:
             threads = max(1, cores // max(1, sharing))
@@ -377,10 +398,16 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
                         "the whole card" % (gpu.get("index"), gib(used)))
     warnings.extend(model["notes"])
 
+    split = gpu.get("split")
     plan = {
         "gpu_index": gpu.get("index"),
         "gpu_uuid": gpu.get("uuid"),
         "gpu_name": gpu.get("name"),
+        # every GPU the instance uses, and how llama.cpp spreads the model over them
+        "gpu_indices": [g.get("index") for g in split["gpus"]] if split else [gpu.get("index")],
+        "gpu_uuids": [g.get("uuid") for g in split["gpus"]] if split else [gpu.get("uuid")],
+        "split_mode": split["mode"] if split else "none",
+        "tensor_split": split["fractions"] if split else [1.0],
         "quant": model["quant"],
         "candidate_index": model.get("candidate_index"),
         "candidate": model.get("candidate"),
@@ -425,8 +452,62 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     return plan, table
 
 
+def _rank(plan, floor):
+    """Quality first among plans that meet the floor, else speed: (met, bpw, expected)."""
+    met = plan["expected_decode_tps"] >= floor
+    return (met, plan["bpw"] if met else 0.0, plan["expected_decode_tps"])
+
+
+def plan_split(gpus, models, policy, calibration=None):
+    """The best split of all the host's GPUs over policy.split_modes: (plan, table)
+    or (None, [why not]). Ties between modes go to the faster expected stream."""
+    best, notes = None, []
+    for mode in policy["split_modes"]:
+        usable = models if mode != "tensor" else [m for m in models if tensor_split_supported(m)]
+        if not usable:
+            notes.append("%s split: the pinned llama.cpp cannot split %s by tensor"
+                         % (mode, ", ".join(sorted(set(str(m.get("architecture")) for m in models)))))
+            continue
+        group = split_group(gpus, mode)
+        try:
+            plan, lines = plan_gpu(group, usable, dict(policy, allow_partial_offload=False), 1, calibration)
+        except PlanError as err:
+            notes.append("%s split: %s" % (mode, str(err).split("\n")[0]))
+            continue
+        plan["bpw"] = next(m["bpw"] for m in usable if m["quant"] == plan["quant"])
+        if plan["split_mode"] == "tensor":
+            plan["warnings"].append("GPUs %s: tensor split is EXPERIMENTAL at the pinned llama.cpp"
+                                    % ",".join(str(i) for i in plan["gpu_indices"]))
+        plan["cpu_affinity"] = group["cpu_affinity"]
+        floor = policy["min_decode_tps"]
+        if best is None or _rank(plan, floor) > _rank(best[0], floor):
+            best = (plan, lines)
+    return best if best else (None, notes)
+
+
+def _split_verdict(singles, split, floor):
+    """Whether the split serves better than one instance per GPU, and why (text)."""
+    s = split
+    if singles is None:
+        return True, "no candidate fits one GPU alone; over GPUs %s together %s fits" % (
+            ",".join(str(i) for i in s["gpu_indices"]), s["quant"])
+    worst = min(singles, key=lambda p: _rank(p, floor))
+    if _rank(s, floor) > _rank(worst, floor) and (s["quant"] != worst["quant"] or not worst["expected_decode_tps"] >= floor):
+        why = ("a better quant (%s over %s) meets the %.0f tok/s floor" % (s["quant"], worst["quant"], floor)
+               if s["bpw"] > worst["bpw"] and s["expected_decode_tps"] >= floor
+               else "one GPU alone is expected below the %.0f tok/s floor (%.1f) and the split reaches %.1f"
+               % (floor, worst["expected_decode_tps"], s["expected_decode_tps"]))
+        return True, "%s split over GPUs %s: %s" % (s["split_mode"], ",".join(str(i) for i in s["gpu_indices"]), why)
+    return False, ("one instance per GPU: %s on each card already %s; independent instances give about twice "
+                   "the aggregate and survive the loss of a card (a %s split would run %s at %.1f tok/s per "
+                   "stream)" % (worst["quant"], "meets the floor" if worst["expected_decode_tps"] >= floor else
+                                "is the fastest", s["split_mode"], s["quant"], s["expected_decode_tps"]))
+
+
 def plan_host(gpus, models, policy, calibration=None):
-    """Plans for every GPU of a host: {plans, table, summary, warnings}.
+    """Plans for the GPUs of a host: {plans, table, summary, warnings, policy,
+    split}. One plan per GPU, or one plan over all of them (split_mode layer or
+    tensor) when that serves a better quant or the only fit (docs/planning.md).
     calibration: the fleet's measured efficiencies (plan_speed.merge_calibration's
     content), or None for the built-in table only."""
     policy = normalize_policy(policy)
@@ -434,16 +515,42 @@ def plan_host(gpus, models, policy, calibration=None):
         raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
     if not models:
         raise PlanError("no candidate model to plan with: candidates is empty")
+    bpw = dict((m["quant"], m["bpw"]) for m in models)
     affinity_users = {}
     for gpu in gpus:
         key = tuple(sorted(gpu.get("cpu_affinity") or []))
         affinity_users[key] = affinity_users.get(key, 0) + 1
-    plans, table, warnings, summary = [], [], [], []
+    singles, table, failure = [], [], None
     for gpu in gpus:
         sharing = affinity_users[tuple(sorted(gpu.get("cpu_affinity") or []))]
-        plan, lines = plan_gpu(gpu, models, policy, sharing, calibration)
+        try:
+            plan, lines = plan_gpu(gpu, models, policy, sharing, calibration)
+        except PlanError as err:
+            failure = failure or err
+            continue
+        plan["bpw"] = bpw.get(plan["quant"], 0.0)
+        singles.append((plan, lines))
+    split_note = None
+    if len(gpus) >= 2 and policy["allow_split"] and policy["split_modes"]:
+        split, split_lines = plan_split(gpus, models, policy, calibration)
+        if split is not None:
+            use, split_note = _split_verdict([p for p, _ in singles] if failure is None else None, split,
+                                             policy["min_decode_tps"])
+            if use:
+                split["reason"] = "%s. %s" % (split_note[0].upper() + split_note[1:], split["reason"])
+                singles, failure = [(split, split_lines)], None
+        elif failure is not None:
+            split_note = "no split fits either: %s" % "; ".join(split_lines)
+    if failure is not None:
+        raise PlanError("%s%s" % (failure, ("\n" + split_note[0].upper() + split_note[1:]) if split_note else ""))
+    plans, warnings, summary = [], [], []
+    for plan, lines in singles:
+        plan.pop("bpw", None)
         plans.append(plan)
         table.extend(lines)
         warnings.extend(plan["warnings"])
         summary.append(plan_summary(plan))
-    return {"plans": plans, "table": table, "summary": "\n".join(summary), "warnings": warnings, "policy": policy}
+    if split_note:
+        table.append("host: %s" % split_note)
+    return {"plans": plans, "table": table, "summary": "\n".join(summary), "warnings": warnings, "policy": policy,
+            "split": split_note}

@@ -25,9 +25,17 @@ def _row(e, verdict):
         "yes" if e["fits"] else "no", e["ceiling"], e["expected"], verdict)
 
 
+def gpu_label(gpu):
+    """'GPU 0' for one card, 'GPUs 0+1 (tensor split)' for a split group."""
+    split = gpu.get("split")
+    if not split:
+        return "GPU %s" % gpu.get("index")
+    return "GPUs %s (%s split)" % ("+".join(str(g.get("index")) for g in split["gpus"]), split["mode"])
+
+
 def gpu_header(gpu):
-    return "GPU %s %s: %s, %.0f GB/s, compute capability %s" % (
-        gpu.get("index"), gpu.get("name", "?"), gib(int(gpu["memory_total_bytes"])),
+    return "%s %s: %s, %.0f GB/s, compute capability %s" % (
+        gpu_label(gpu), gpu.get("name", "?"), gib(int(gpu["memory_total_bytes"])),
         float(gpu["memory_bandwidth_bytes_per_s"]) / 1e9, gpu.get("compute_capability"))
 
 
@@ -71,15 +79,16 @@ def _no_fit_message(gpu, evaluations, policy):
     room = m["gpu_total_bytes"] - fixed
     min_seq = round_up(policy["min_ctx"], CTX_STEP)
     return (
-        "No candidate fits GPU %s (%s, %s) fully with %d slot(s) of %d tokens and %s KV. The smallest, %s, "
-        "needs %s (%s more than the card):\n%s\n"
+        "No candidate fits %s (%s, %s) fully with %d slot(s) of %d tokens and %s KV. The smallest, %s, "
+        "needs %s (%s more than the card%s):\n%s\n"
         "What to change: offer a smaller quantization (with this policy at most %s of weights on the GPU fit), "
         "lower policy.min_ctx (%d) or policy.min_parallel (%d), add a more compact type to policy.cache_types "
         "(%s), lower policy.headroom_bytes (%d), or set policy.allow_partial_offload: true to keep layers in "
         "host memory (much slower)."
-        % (gpu.get("index"), gpu.get("name", "?"), gib(m["gpu_total_bytes"]), policy["min_parallel"], min_seq,
+        % (gpu_label(gpu), gpu.get("name", "?"), gib(m["gpu_total_bytes"]), policy["min_parallel"], min_seq,
            "/".join(policy["cache_types"]), smallest["model"]["quant"], gib(m["total_bytes"]),
-           gib(m["total_bytes"] - m["gpu_total_bytes"]), "\n".join(table), gib(max(0, room)),
+           gib(m["total_bytes"] - m["gpu_total_bytes"]),
+           ", and each card must hold its own share" if gpu.get("split") else "", "\n".join(table), gib(max(0, room)),
            policy["min_ctx"], policy["min_parallel"], ", ".join(policy["cache_types"]), policy["headroom_bytes"]))
 
 
@@ -95,10 +104,12 @@ def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, parti
                      "fastest." % (model["quant"], gib(int(gpu["memory_total_bytes"])), model["quant"],
                                    chosen["n_gpu_layers"], model["n_layer"]))
     elif met:
-        parts.append("%s: the best quality (%.2f bits/weight) of the %d candidate(s) that fit this %s card with %d "
+        parts.append("%s: the best quality (%.2f bits/weight) of the %d candidate(s) that fit %s with %d "
                      "slot(s) of %d tokens, whose expected decode (%.1f tok/s = a ceiling of %.1f tok/s, %.0f GB/s / "
                      "%.2f GB read per token, x %.2f efficiency) meets the %.0f tok/s floor." % (
-                         model["quant"], model["bpw"], len(fitting), gib(int(gpu["memory_total_bytes"])),
+                         model["quant"], model["bpw"], len(fitting),
+                         ("these %d cards (%s together)" % (len(gpu["split"]["gpus"]), gib(int(gpu["memory_total_bytes"])))
+                          if gpu.get("split") else "this %s card" % gib(int(gpu["memory_total_bytes"]))),
                          policy["min_parallel"], round_up(policy["min_ctx"], CTX_STEP), chosen["expected"],
                          chosen["ceiling"], bw / 1e9, bw / chosen["ceiling"] / 1e9, chosen["efficiency"]["value"],
                          floor))
@@ -177,9 +188,12 @@ def plan_summary(plan):
     expected = plan.get("expected_decode_tps")
     speed = ("expected %.1f tok/s (ceiling %.1f)" % (expected, plan["decode_ceiling_tps"]) if expected is not None
              else "ceiling %.1f tok/s" % plan["decode_ceiling_tps"])
-    return ("GPU %s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom of %.1f GiB, "
+    indices = plan.get("gpu_indices") or [plan["gpu_index"]]
+    label = ("GPUs %s (%s split)" % ("+".join(str(i) for i in indices), plan.get("split_mode"))
+             if plan.get("split_mode", "none") != "none" else "GPU %s" % plan["gpu_index"])
+    return ("%s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom of %.1f GiB, "
             "%s"
-            % (plan["gpu_index"], name, plan["quant"], plan["ctx_size"], plan["parallel"], ctx_per_slot,
+            % (label, name, plan["quant"], plan["ctx_size"], plan["parallel"], ctx_per_slot,
                plan["cache_type_k"], "-ngl %d (partial), " % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
                memory["predicted_used_bytes"] / GIB, memory.get("headroom_bytes", 0) / GIB,
                memory["gpu_total_bytes"] / GIB, speed))

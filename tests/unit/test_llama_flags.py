@@ -26,6 +26,17 @@ def test_each_program_gets_only_the_flags_it_takes():
     assert "--parallel" in llama_flags.plan_argv(PLAN, "llama-server")
 
 
+def test_split_flags_only_for_a_plan_over_several_gpus():
+    assert "-sm" not in llama_flags.plan_argv(dict(PLAN, split_mode="none", tensor_split=[1.0]), "llama-server",
+                                              short=True)
+    split = dict(PLAN, split_mode="tensor", tensor_split=[0.5, 0.5])
+    assert llama_flags.plan_argv(split, "llama-server")[-4:] == ["--split-mode", "tensor", "--tensor-split", "0.5,0.5"]
+    assert llama_flags.plan_argv(split, "llama-fit-params", short=True)[-4:] == ["-sm", "tensor", "-ts", "0.5,0.5"]
+    # llama-bench lists test values with ',': its proportions take '/'
+    assert llama_flags.plan_argv(dict(split, tensor_split=[0.6, 0.4]), "llama-bench", short=True)[-4:] == [
+        "-sm", "tensor", "-ts", "0.6/0.4"]
+
+
 def test_a_missing_plan_key_or_an_unknown_program_is_named():
     with pytest.raises(KeyError, match="ctx_size"):
         llama_flags.plan_argv({"model_path": "/m"}, "llama-server")

@@ -138,8 +138,9 @@ def test_v100_16gb_with_the_real_q3_k_s_file_gets_two_slots(gpus, models, dense_
 
 
 def test_two_16gb_gpus_with_nvlink_get_a_plan_each(gpus, dense_meta):
+    # (by default this pair splits a better quant over both cards: test_plan_split.py)
     facts = gpus("2x-v100-sxm2-16gb-nvlink")
-    result = plan(facts, declared(dense_meta))
+    result = plan(facts, declared(dense_meta), {"allow_split": False})
     assert [p["gpu_index"] for p in result["plans"]] == [0, 1]
     assert [p["gpu_uuid"] for p in result["plans"]] == [g["uuid"] for g in facts]
     assert [p["numa_node"] for p in result["plans"]] == [0, 1]
@@ -424,9 +425,12 @@ def test_gpus_sharing_cpus_split_the_threads(dense_meta):
             "numa_node": 0, "cpu_affinity": list(range(16)) + list(range(32, 48)), "name": "Tesla V100-SXM2-32GB"}
     gpus = [dict(base, index=0, uuid="GPU-a"), dict(base, index=1, uuid="GPU-b")]
     models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
-    result = lp.plan_host(gpus, models, {})
+    result = lp.plan_host(gpus, models, {"allow_split": False})
     assert [p["threads"] for p in result["plans"]] == [8, 8]
-    assert lp.plan_host(gpus, models, {"threads": 6})["plans"][0]["threads"] == 6
+    assert lp.plan_host(gpus, models, {"threads": 6, "allow_split": False})["plans"][0]["threads"] == 6
+    # one instance over both: the cards' cores, not shared
+    (split,) = lp.plan_host(gpus, models, {})["plans"]
+    assert split["split_mode"] == "tensor" and split["threads"] == 16
 
 
 def test_swa_cells():

@@ -72,7 +72,7 @@ def _vars(version, **over):
         "llama_server_extra_env": filters.llama_server_environment({"backend": "cuda", "cuda_version": "11.8"}),
         "llama_server_install_dir": "/opt/llm-fleet/llama.cpp/abc123",
         "llama_server_args": ["--model", "/m/q 4.gguf", "--ctx-size", "32768"],
-        "llama_server_gpu_minor": 1, "llama_server_numa_node": 1,
+        "llama_server_gpu_minors": [1], "llama_server_numa_node": 1,
         "llama_server_cpu_affinity": filters.llama_server_cpu_list(AFFINITY),
         # gpu_tuning
         "gpu_tuning_target": "llm-fleet-gpu.target", "gpu_tuning_config_path": "/etc/llm-fleet/gpu-tuning.json",
@@ -178,10 +178,23 @@ def test_the_dropin_binds_to_the_gpus_cpus_explicitly():
 def test_the_dropin_leaves_out_what_the_host_lacks():
     dropin = ROOT / "roles" / "llama_server" / "templates" / "plan.conf.j2"
     text = render(dropin, _vars(245, llama_server_cpu_affinity=filters.llama_server_cpu_list([]),
-                                llama_server_numa_node=None, llama_server_gpu_minor=None,
+                                llama_server_numa_node=None, llama_server_gpu_minors=[],
                                 llama_server_extra_env=filters.llama_server_environment({"backend": "cpu"})))
     assert "CPUAffinity" not in text and "NUMA" not in text and "DeviceAllow" not in text
     assert "CUDA_MODULE_LOADING" not in text
+
+
+def test_a_split_instance_sees_and_may_open_every_gpu_it_uses():
+    dropin = ROOT / "roles" / "llama_server" / "templates" / "plan.conf.j2"
+    split = dict(PLAN, gpu_index=0, gpu_uuid="GPU-0000", gpu_indices=[0, 1], gpu_uuids=["GPU-0000", "GPU-1111"],
+                 split_mode="tensor", tensor_split=[0.5, 0.5])
+    lines = render(dropin, _vars(245, llama_server_plan=split, llama_server_gpu_minors=[0, 1],
+                                 llama_server_numa_node=None,
+                                 llama_server_cpu_affinity=filters.llama_server_cpu_list([]))).splitlines()
+    assert 'Environment="CUDA_VISIBLE_DEVICES=GPU-0000,GPU-1111"' in lines
+    assert "DeviceAllow=/dev/nvidia0 rw" in lines and "DeviceAllow=/dev/nvidia1 rw" in lines
+    assert "# One model over GPUs 0, 1 (tensor split)" in lines
+    assert not [line for line in lines if line.startswith(("NUMA", "CPUAffinity"))]  # cards on two nodes
 
 
 # --- the filters ----------------------------------------------------------------------

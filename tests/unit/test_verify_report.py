@@ -83,6 +83,26 @@ def test_a_gpu_measurement_calibrates_the_fleet():
     assert "| 27.8 / 62.0 | 43.5 |" in md  # expected beside measured
 
 
+def test_a_split_instance_is_measured_card_by_card_and_not_calibrated():
+    uuid1 = UUID[:-1] + "5"
+    instance = dict(INSTANCE, gpu_indices=[0, 1], gpu_uuids=[UUID, uuid1], split_mode="tensor")
+    share = {"predicted_used_bytes": int(13.5 * GIB)}
+    plan = dict(PLAN, gpu_name="2 x Tesla V100-SXM2-16GB", gpu_indices=[0, 1], split_mode="tensor",
+                decode_efficiency={"gpu_family": "volta", "quant_family": "Q6_K", "arch": "dense", "value": 0.64},
+                memory=dict(PLAN["memory"], predicted_used_bytes=27 * GIB,
+                            per_gpu=[dict(share, gpu_index=0), dict(share, gpu_index=1)]))
+    gpus = [dict(GPU, memory_used_bytes=int(13.0 * GIB)), dict(GPU, index=1, uuid=uuid1, memory_used_bytes=14 * GIB)]
+    rec = vr.verify_host_record("gpu02", [instance], [plan], gpus,
+                                [{"rc": 0, "stdout": json.dumps(synthetic_loadtest(single=30.0, agg4=80.0))}],
+                                [None], CUDA_BUILD, 0.25, "2026-11-30T12:00:00Z")
+    inst, = rec["instances"]
+    assert inst["gpu_indices"] == [0, 1] and inst["split_mode"] == "tensor"
+    assert inst["vram"]["measured_used_bytes"] == int(13.0 * GIB) + 14 * GIB  # both cards, not the first
+    assert [c["measured_over_predicted"] for c in inst["vram"]["per_gpu"]] == [
+        pytest.approx(13.0 / 13.5, abs=1e-3), pytest.approx(14 / 13.5, abs=1e-3)]
+    assert rec["calibration"] == [] and "tensor split over GPUs 0,1" in rec["not_calibrated"][0]
+
+
 def test_below_the_fraction_is_flagged_not_an_error():
     rec = record(synthetic_loadtest(single=20.0), min_fraction=0.5)
     inst = rec["instances"][0]

@@ -11,7 +11,10 @@ def test_host_is_up_with_no_failed_units(host):
 
 # The plan each card gets for a real 32B model (llm_model_previews in the harness
 # inventory: declared figures only), beside the tiny model the CPU serves.
-PREVIEW = {"fleet-sxm2-32gb": ["Q4_K_M"], "fleet-sxm2-16gb": ["Q3_K_S"], "fleet-2x-sxm2-16gb": ["Q3_K_S", "Q3_K_S"]}
+# The two-card host gets one instance over both cards for it: Q6_K split by tensor,
+# where each card alone holds only Q3_K_S (issue 18).
+PREVIEW = {"fleet-sxm2-32gb": [("Q4_K_M", "none")], "fleet-sxm2-16gb": [("Q3_K_S", "none")],
+           "fleet-2x-sxm2-16gb": [("Q6_K", "tensor")]}
 
 
 def test_the_32b_preview_is_planned_per_card_and_not_served(host):
@@ -21,7 +24,11 @@ def test_the_32b_preview_is_planned_per_card_and_not_served(host):
     fact = json.loads(host.file("/etc/ansible/facts.d/llm_fleet_model.fact").content_string)
     preview, = fact["previews"]
     assert preview["name"] == "Qwen2.5-32B-Instruct"
-    assert [p["quant"] for p in preview["plans"]] == PREVIEW[name]
+    assert [(p["quant"], p["split_mode"]) for p in preview["plans"]] == PREVIEW[name]
+    if name == "fleet-2x-sxm2-16gb":
+        split, = preview["plans"]
+        assert split["gpu_indices"] == [0, 1] and "GPUs 0+1 (tensor split)" in split["summary"]
+        assert "better quant (Q6_K over Q3_K_S)" in split["reason"]
     for plan in preview["plans"]:
         assert plan["expected_decode_tps"] < plan["decode_ceiling_tps"]
         assert plan["summary"] in fact["summary"] and "preview, not served" in fact["summary"]

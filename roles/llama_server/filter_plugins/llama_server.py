@@ -93,6 +93,10 @@ def llama_server_instance(plan, base_port, build_key=""):
     it runs, which the llama_cpp stage never prunes)."""
     keys = ("gpu_index", "gpu_uuid", "model_path", "quant", "ctx_size", "parallel", "cache_type_k", "cache_type_v")
     entry = {key: plan.get(key) for key in keys}
+    # every GPU the instance uses (a split plan: more than one)
+    entry["gpu_indices"] = plan.get("gpu_indices") or [plan.get("gpu_index")]
+    entry["gpu_uuids"] = plan.get("gpu_uuids") or [plan.get("gpu_uuid")]
+    entry["split_mode"] = plan.get("split_mode") or "none"
     entry["port"] = int(base_port) + int(plan["gpu_index"])
     entry["unit"] = "llama-server@%s.service" % plan["gpu_index"]
     entry["build_key"] = build_key

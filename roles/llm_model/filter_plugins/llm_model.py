@@ -44,7 +44,7 @@ _FILE_KEYS = ("url", "hf_repo", "hf_file", "hf_revision", "path", "name", "sha25
 _ENTRY_KEYS = ("quant", "metadata", "files") + _FILE_KEYS
 # The GPU facts a plan depends on (see llama_plan's documentation).
 _GPU_KEYS = ("index", "name", "uuid", "memory_total_bytes", "memory_reserved_bytes", "memory_bandwidth_bytes_per_s",
-             "compute_capability", "numa_node", "cpu_affinity")
+             "compute_capability", "numa_node", "cpu_affinity", "pci_bus_id", "nvlink_peers")
 # llama-fit-params -fitp on prints "<device> <model> <context> <compute>" in MiB, one line per device, then Host.
 _FIT_LINE = re.compile(r"^(\S+) (\d+) (\d+) (\d+)\s*$")
 
@@ -303,7 +303,10 @@ def llm_model_fit_estimate(result, plan, tool):
     host = [d for d in devices if d["device"] == "Host"]
     if not gpu:
         return {"status": "failed", "rc": 0, "error": "no device line in llama-fit-params' output"}
-    theirs = gpu[0]
+    # a split plan has a line per card: the instance's figure is their sum
+    theirs = dict(gpu[0], device="+".join(d["device"] for d in gpu)) if len(gpu) > 1 else gpu[0]
+    for key in ("model_mib", "context_mib", "compute_mib"):
+        theirs[key] = sum(d[key] for d in gpu)
     theirs["total_mib"] = theirs["model_mib"] + theirs["context_mib"] + theirs["compute_mib"]
     m = plan["memory"]
     ours = {"weights_mib": m["weights_bytes"] // MIB, "kv_mib": m["kv_bytes"] // MIB,
@@ -352,7 +355,8 @@ def llm_model_preview_records(results):
         name = (result.get("item") or {}).get("key")
         plans = result.get("plans") or []
         out.append({"name": name, "summary": "; ".join(plan_summary(p) for p in plans),
-                    "plans": [{"gpu_index": p.get("gpu_index"), "quant": p.get("quant"), "ctx_size": p.get("ctx_size"),
+                    "plans": [{"gpu_index": p.get("gpu_index"), "gpu_indices": p.get("gpu_indices"),
+                               "split_mode": p.get("split_mode"), "quant": p.get("quant"), "ctx_size": p.get("ctx_size"),
                                "parallel": p.get("parallel"), "cache_type_k": p.get("cache_type_k"),
                                "expected_decode_tps": p.get("expected_decode_tps"),
                                "decode_ceiling_tps": p.get("decode_ceiling_tps"), "summary": plan_summary(p),

@@ -110,8 +110,24 @@ def llama_bench_figures(result):
     return out
 
 
-def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction):
-    """One instance's figures, ratios and verdict."""
+def _split_vram(memory, gpus, gpu_backend):
+    """A split instance's memory card by card: (measured total, [per card])."""
+    cards, measured = [], 0
+    for share in memory.get("per_gpu") or []:
+        gpu = _find_gpu(gpus, {"gpu_index": share.get("gpu_index")})
+        used = gpu.get("memory_used_bytes")
+        measured = measured + used if used is not None and measured is not None else None
+        predicted = share.get("predicted_used_bytes")
+        cards.append({"gpu_index": share.get("gpu_index"), "measured_used_bytes": used,
+                      "predicted_used_bytes": predicted,
+                      "measured_over_predicted": round(float(used) / predicted, 4)
+                      if gpu_backend and used and predicted else None})
+    return measured, cards
+
+
+def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction, gpus=None):
+    """One instance's figures, ratios and verdict (gpus: every GPU of the host, for
+    a split instance's cards)."""
     problems = []
     lt = _parse_json((loadtest or {}).get("stdout")) if loadtest and "stdout" in loadtest else loadtest
     if not lt:
@@ -157,6 +173,9 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction)
     if predicted is None and memory.get("total_bytes") is not None:
         predicted = memory["total_bytes"] - (memory.get("headroom_bytes") or 0)
     used = gpu.get("memory_used_bytes")
+    per_gpu = None
+    if memory.get("per_gpu"):
+        used, per_gpu = _split_vram(memory, gpus or [gpu], gpu_backend)
     vram = {
         "measured_used_bytes": used,
         "total_bytes": gpu.get("memory_total_bytes"),
@@ -165,10 +184,15 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction)
         "measured_over_predicted": round(float(used) / predicted, 4) if gpu_backend and used and predicted else None,
         "note": None if gpu_backend else "not applicable: a %s build keeps the model in host memory" % (backend or "?"),
     }
+    if per_gpu is not None:
+        vram["per_gpu"] = per_gpu
     return {
         "gpu_index": instance.get("gpu_index"),
         "gpu_uuid": instance.get("gpu_uuid"),
-        "gpu_name": gpu.get("name") or plan.get("gpu_name"),
+        "gpu_indices": instance.get("gpu_indices") or plan.get("gpu_indices") or [instance.get("gpu_index")],
+        "split_mode": plan.get("split_mode") or "none",
+        "gpu_name": plan.get("gpu_name") if plan.get("split_mode", "none") != "none" else (
+            gpu.get("name") or plan.get("gpu_name")),
         "port": instance.get("port"),
         "unit": instance.get("unit"),
         "quant": instance.get("quant"),
@@ -214,9 +238,14 @@ def verify_host_record(host, instances, plans, gpus, loadtests, benches, llama_c
     for n, inst in enumerate(instances or []):
         plan = _find_plan(plans, inst)
         record = instance_record(inst, plan, _find_gpu(gpus, inst), loadtests[n] if n < len(loadtests) else None,
-                                 benches[n] if n < len(benches) else None, backend, min_fraction)
+                                 benches[n] if n < len(benches) else None, backend, min_fraction, gpus)
         records.append(record)
-        entry, why_not = calibration_record(record, plan, host, measured_at, llama_cpp.get("build_key"))
+        if record["split_mode"] != "none":
+            # its speed holds the exchange between the cards: not one card's efficiency
+            entry, why_not = None, "a %s split over GPUs %s is not a one-card figure" % (
+                record["split_mode"], ",".join(str(i) for i in record["gpu_indices"]))
+        else:
+            entry, why_not = calibration_record(record, plan, host, measured_at, llama_cpp.get("build_key"))
         if entry:
             calibration.append(entry)
         else:
