@@ -82,6 +82,9 @@ options:
       - C(allow_split) (bool, default true) one instance over all the host's GPUs may be
         planned (see above); C(split_modes) (list, default C([tensor, layer])) the modes to
         consider; C(tensor) is experimental at the pinned llama.cpp, C(row) does not load on CUDA.
+      - C(prefer_split) (bool, default false) one instance over all the GPUs whenever a split
+        fits, even when each card alone serves the same quantization (one endpoint, the
+        cards' KV together, a faster stream with C(tensor)).
       - C(overhead_bytes) (int, default 603979776 = 576 MiB) CUDA context, cuBLAS workspace
         and pool of one llama-server process.
       - C(reserved_bytes) (int, default computed per card) memory the driver holds before any

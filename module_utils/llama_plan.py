@@ -51,6 +51,10 @@ DEFAULT_POLICY = {
     # serves a better quant or meets the floor one card misses (docs/planning.md)
     "allow_split": True,
     "split_modes": ["tensor", "layer"],
+    # one instance over all the GPUs whenever a split fits, even when each card alone
+    # serves the same quant: one endpoint, the cards' KV together (a longer context),
+    # a faster stream with tensor split; at about half the aggregate of two instances
+    "prefer_split": False,
 }
 
 _INT_KEYS = ("min_ctx", "target_ctx", "min_parallel", "target_parallel", "max_parallel", "ubatch_size", "batch_size")
@@ -108,6 +112,7 @@ def normalize_policy(policy):
         raise PlanError("policy.kv_fill must be in (0, 1], got %s" % out["kv_fill"])
     out["allow_partial_offload"] = _bool(out["allow_partial_offload"], "allow_partial_offload")
     out["allow_split"] = _bool(out["allow_split"], "allow_split")
+    out["prefer_split"] = _bool(out["prefer_split"], "prefer_split")
     modes = out["split_modes"]
     if isinstance(modes, str):
         modes = [m.strip() for m in modes.split(",") if m.strip()]
@@ -485,12 +490,15 @@ def plan_split(gpus, models, policy, calibration=None):
     return best if best else (None, notes)
 
 
-def _split_verdict(singles, split, floor):
+def _split_verdict(singles, split, floor, prefer=False):
     """Whether the split serves better than one instance per GPU, and why (text)."""
     s = split
     if singles is None:
         return True, "no candidate fits one GPU alone; over GPUs %s together %s fits" % (
             ",".join(str(i) for i in s["gpu_indices"]), s["quant"])
+    if prefer:
+        return True, "one instance over GPUs %s (%s split, policy.prefer_split): %s at %.1f tok/s per stream" % (
+            ",".join(str(i) for i in s["gpu_indices"]), s["split_mode"], s["quant"], s["expected_decode_tps"])
     worst = min(singles, key=lambda p: _rank(p, floor))
     if _rank(s, floor) > _rank(worst, floor) and (s["quant"] != worst["quant"] or not worst["expected_decode_tps"] >= floor):
         why = ("a better quant (%s over %s) meets the %.0f tok/s floor" % (s["quant"], worst["quant"], floor)
@@ -535,7 +543,7 @@ def plan_host(gpus, models, policy, calibration=None):
         split, split_lines = plan_split(gpus, models, policy, calibration)
         if split is not None:
             use, split_note = _split_verdict([p for p, _ in singles] if failure is None else None, split,
-                                             policy["min_decode_tps"])
+                                             policy["min_decode_tps"], policy["prefer_split"])
             if use:
                 split["reason"] = "%s. %s" % (split_note[0].upper() + split_note[1:], split["reason"])
                 singles, failure = [(split, split_lines)], None

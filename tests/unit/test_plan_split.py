@@ -117,6 +117,21 @@ def test_no_split_when_not_allowed_or_when_one_card_serves_as_well(gpus, dense_m
     assert any(line.startswith("host: one instance per GPU") for line in small["table"])
 
 
+def test_prefer_split_takes_one_instance_for_the_same_quant(gpus, dense_meta):
+    facts = gpus("2x-v100-sxm2-16gb-nvlink")
+    result = lp.plan_host(facts, models_of(declared(dense_meta, ("Q3_K_S",))),
+                          {"min_decode_tps": 10, "prefer_split": True, "split_modes": ["layer"]})
+    (p,) = result["plans"]
+    assert p["split_mode"] == "layer" and p["quant"] == "Q3_K_S" and "policy.prefer_split" in p["reason"]
+    # the cards' memory together: more context than one card gives
+    alone = lp.plan_host(facts, models_of(declared(dense_meta, ("Q3_K_S",))),
+                         {"min_decode_tps": 10, "allow_split": False, "target_ctx": 131072, "target_parallel": 1})
+    split = lp.plan_host(facts, models_of(declared(dense_meta, ("Q3_K_S",))),
+                         {"min_decode_tps": 10, "prefer_split": True, "split_modes": ["layer"],
+                          "target_ctx": 131072, "target_parallel": 1})
+    assert split["plans"][0]["ctx_size"] > alone["plans"][0]["ctx_size"]
+
+
 def test_a_model_only_two_cards_hold_is_split_and_layer_mode_when_asked(gpus, dense_meta):
     facts = gpus("2x-v100-sxm2-16gb-nvlink")
     big = models_of(declared(dense_meta, ("Q5_K_M",)))

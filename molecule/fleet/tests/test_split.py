@@ -1,0 +1,91 @@
+"""One model over both cards of the two-GPU host (issue 18), deployed by the model
+and llama_server stages as an operator would: the policy asks for one instance
+over the cards (prefer_split, layer split: a tensor split needs real GPUs, and the
+simulated ones compute nothing, so the CPU serves), then the default policy brings
+back one instance per GPU. What the CPU backend can show is checked: the plan, the
+flags, the GPUs the unit sees and may open, the placement, and that it answers."""
+import pytest
+
+from hostprobe import node, only_in_scenario, recap, run_playbook, stage_fact
+from test_llama_server import TWO_GPUS, cmdline, flag, http, main_pid
+
+pytestmark = only_in_scenario("fleet")
+
+# The harness policy (tests/harness/group_vars/all.yml) and one instance over both cards.
+SPLIT_POLICY = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "prefer_split": True,
+                "split_modes": ["layer"]}
+STAGES = ("playbooks/model.yml", "playbooks/llama_server.yml")
+DROPIN = "/etc/systemd/system/llama-server@0.service.d/plan.conf"
+
+
+def deploy(tmp_path, extra_vars=None):
+    results = []
+    for playbook in STAGES:
+        result = run_playbook(playbook, [TWO_GPUS], tmp_path=tmp_path, extra_vars=extra_vars)
+        assert result.returncode == 0, result.stdout[-3000:]
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    deploy(tmp_path_factory.mktemp("split"), {"llm_model_policy": SPLIT_POLICY})
+    return node(TWO_GPUS)
+
+
+def test_the_plan_is_one_instance_over_both_cards(host):
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["split_mode"] == "layer" and plan["gpu_indices"] == [0, 1]
+    assert plan["tensor_split"] == [0.5, 0.5]
+    assert "policy.prefer_split" in plan["reason"]
+    nvml_uuids = host.check_output("nvidia-smi --query-gpu=uuid --format=csv,noheader").split()
+    assert plan["gpu_uuids"] == nvml_uuids
+    shares = plan["memory"]["per_gpu"]
+    assert [s["gpu_index"] for s in shares] == [0, 1]
+    assert all(s["total_bytes"] <= s["gpu_total_bytes"] for s in shares)
+    # as llama.cpp assigns them: both layers of the tiny model on the first card, the output on the second
+    assert all(s["weights_bytes"] > 0 for s in shares)
+    instance, = stage_fact(host, "llama_server")["instances"]
+    assert instance["gpu_indices"] == [0, 1] and instance["split_mode"] == "layer"
+
+
+def test_it_runs_with_the_split_flags_and_sees_both_cards(host):
+    plan, = stage_fact(host, "model")["plans"]
+    args = cmdline(host, main_pid(host, 0))
+    assert flag(args, "--split-mode") == "layer" and flag(args, "--tensor-split") == "0.5,0.5"
+    environ = host.check_output("systemctl show -P Environment llama-server@0.service").split()
+    assert "CUDA_VISIBLE_DEVICES=%s" % ",".join(plan["gpu_uuids"]) in environ
+    dropin = host.file(DROPIN).content_string
+    assert "DeviceAllow=/dev/nvidia0 rw" in dropin and "DeviceAllow=/dev/nvidia1 rw" in dropin
+    allowed = host.check_output("systemctl show -P DeviceAllow llama-server@0.service")
+    assert "/dev/nvidia0 rw" in allowed and "/dev/nvidia1 rw" in allowed
+    # the profile puts the cards on NUMA nodes 0 and 1: nothing is pinned
+    assert "NUMAPolicy" not in dropin and "CPUAffinity" not in dropin
+
+
+def test_the_second_card_has_no_instance_of_its_own(host):
+    unit = host.service("llama-server@1.service")
+    assert not unit.is_running and not unit.is_enabled
+    assert not host.socket("tcp://127.0.0.1:8081").is_listening
+
+
+def test_the_split_instance_answers(host):
+    assert http(host, 8080, "/health") == [200, {"status": "ok"}]
+    status, body = http(host, 8080, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8})
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_a_rerun_changes_nothing(host, tmp_path):
+    for result in deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY}):
+        assert recap(result.stdout, TWO_GPUS).get("changed") == 0, result.stdout[-3000:]
+
+
+def test_the_default_policy_brings_back_one_instance_per_gpu(host, tmp_path):
+    deploy(tmp_path)
+    plans = stage_fact(host, "model")["plans"]
+    assert [(p["gpu_indices"], p["split_mode"]) for p in plans] == [([0], "none"), ([1], "none")]
+    for index in (0, 1):
+        assert host.service("llama-server@%d.service" % index).is_running
+        assert http(host, 8080 + index, "/health")[0] == 200
+        assert "--split-mode" not in cmdline(host, main_pid(host, index))
