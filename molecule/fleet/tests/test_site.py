@@ -2,6 +2,8 @@
 check step, which used to be the default scenario's)."""
 import json
 
+from hostprobe import node, only_in_scenario, run_playbook, stage_fact
+
 
 def test_host_is_up_with_no_failed_units(host):
     assert host.process.get(pid=1).comm == "systemd"
@@ -35,3 +37,24 @@ def test_the_32b_preview_is_planned_per_card_and_not_served(host):
     # nothing of it is on the host: the tiny model alone is served
     assert not host.run("ls /var/lib/llm-fleet/models | grep -i qwen").stdout.strip()
     assert all(p["quant"] == "F32" for p in fact["plans"])
+
+
+@only_in_scenario("fleet")
+def test_the_summary_shows_the_decisions_on_one_screen(tmp_path):
+    hosts = list(PREVIEW)
+    result = run_playbook("playbooks/summary.yml", hosts, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    out = result.stdout
+    assert "host " in out and "serves" in out and "measured" in out
+    for name in hosts:
+        host = node(name)
+        plans = stage_fact(host, "model")["plans"]
+        measured = dict((i["gpu_index"], i) for i in stage_fact(host, "verify")["instances"])
+        # (the play recap's lines start with the host too)
+        rows = [line for line in out.splitlines() if line.strip().startswith(name + " ") and "ok=" not in line]
+        assert len(rows) == len(plans), out[-3000:]
+        for row, plan in zip(rows, plans):
+            assert "%s c%d x%d" % (plan["quant"], plan["ctx_size"], plan["parallel"]) in row
+            assert "%.1f" % measured[plan["gpu_index"]]["single_stream_tps"] in row
+            assert " cuda sm_70 " in row
+        assert "%s: Qwen2.5-32B-Instruct -> " % name in out

@@ -29,7 +29,10 @@ def deploy(tmp_path, extra_vars=None):
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    deploy(tmp_path_factory.mktemp("split"), {"llm_model_policy": SPLIT_POLICY})
+    tmp_path = tmp_path_factory.mktemp("split")
+    deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY})
+    result = run_playbook("playbooks/verify.yml", [TWO_GPUS], tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
     return node(TWO_GPUS)
 
 
@@ -74,6 +77,16 @@ def test_the_split_instance_answers(host):
     status, body = http(host, 8080, "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8})
     assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_verify_measures_the_split_card_by_card(host):
+    record = stage_fact(host, "verify")
+    instance, = record["instances"]
+    assert instance["gpu_indices"] == [0, 1] and instance["split_mode"] == "layer"
+    assert instance["ok"] and instance["single_stream_tps"] > 0
+    assert [c["gpu_index"] for c in instance["vram"]["per_gpu"]] == [0, 1]
+    # not one card's efficiency (and the CPU build's figures would be refused anyway)
+    assert record["calibration"] == [] and "layer split over GPUs 0,1" in record["not_calibrated"][0]
 
 
 def test_a_rerun_changes_nothing(host, tmp_path):

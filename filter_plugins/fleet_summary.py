@@ -1,0 +1,111 @@
+# -*- coding: utf-8 -*-
+"""The fleet's decisions on one screen: a row per llama-server instance with the
+card(s), the tuning applied, the build, what the planner chose and the speed
+expected against the speed measured, and what each previewed model would get.
+Read from the stages' local facts (what the hosts really hold), by
+playbooks/summary.yml."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+COLUMNS = (("host", 20), ("GPU", 26), ("tuning", 15), ("build", 13), ("serves", 27), ("expect", 7),
+           ("measured", 9), ("verify", 7))
+
+
+def _short_gpu(name):
+    for prefix in ("Tesla ", "NVIDIA "):
+        if str(name or "").startswith(prefix):
+            name = name[len(prefix):]
+    return str(name or "?")
+
+
+def _indices(plan):
+    return plan.get("gpu_indices") or [plan.get("gpu_index")]
+
+
+def _gpu_cell(plan):
+    label = "+".join(str(i) for i in _indices(plan))
+    split = plan.get("split_mode") or "none"
+    name = _short_gpu(str(plan.get("gpu_name") or "").split(" x ", 1)[-1])
+    if split != "none":
+        name = "%s %s" % (name, split)
+    return "%s %s" % (label, name)
+
+
+def _tuning_cell(tuning, plan):
+    cells = []
+    settings = dict((s.get("index"), s) for s in (tuning or {}).get("settings") or [])
+    for index in _indices(plan):
+        s = settings.get(index)
+        if s is None:
+            cells.append("-")
+            continue
+        clock = "%s MHz" % s["locked_graphics_clock_mhz"] if s.get("locked_graphics_clock_mhz") else "unlocked"
+        power = "%g W" % float(s["power_limit_w"]) if s.get("power_limit_w") else "default W"
+        cells.append("%s %s" % (clock, power))
+    return cells[0] if len(set(cells)) == 1 else "/".join(cells)
+
+
+def _build_cell(llama_cpp):
+    if not llama_cpp:
+        return "-"
+    backend = llama_cpp.get("backend") or "?"
+    archs = llama_cpp.get("cuda_architectures") or []
+    if isinstance(archs, str):
+        archs = [a for a in archs.replace(",", ";").split(";") if a]
+    return "%s %s" % (backend, " ".join("sm_%s" % a for a in archs)) if backend == "cuda" and archs else backend
+
+
+def _serves_cell(plan):
+    return "%s c%d x%d %s" % (plan.get("quant"), int(plan.get("ctx_size") or 0), int(plan.get("parallel") or 0),
+                              plan.get("cache_type_k"))
+
+
+def _num(value):
+    return "-" if value is None else "%.1f" % float(value)
+
+
+def _row(values):
+    return "  ".join(str(v)[:w].ljust(w) for v, (_, w) in zip(values, COLUMNS)).rstrip()
+
+
+def llm_fleet_decisions(hosts, hostvars):
+    """Lines of the decisions table for hosts (names) read from hostvars' local
+    facts (ansible_facts.ansible_local.llm_fleet_*)."""
+    lines = [_row([c for c, _ in COLUMNS]), _row(["-" * w for _, w in COLUMNS])]
+    previews = []
+    for host in hosts or []:
+        local = ((hostvars[host].get("ansible_facts") or {}).get("ansible_local") or {}) if host in hostvars else {}
+        model = local.get("llm_fleet_model") or {}
+        llama_cpp = local.get("llm_fleet_llama_cpp") or {}
+        verify = local.get("llm_fleet_verify") or {}
+        tuning = local.get("llm_fleet_gpu_tuning") or {}
+        gpu_build = (llama_cpp.get("backend") or "cpu") != "cpu"
+        measured = dict((i.get("gpu_index"), i) for i in verify.get("instances") or [])
+        plans = model.get("plans") or []
+        if not plans:
+            lines.append(_row([host, "no plan recorded yet"]))
+        for plan in plans:
+            inst = measured.get(plan.get("gpu_index")) or {}
+            lines.append(_row([
+                host, _gpu_cell(plan), _tuning_cell(tuning, plan), _build_cell(llama_cpp), _serves_cell(plan),
+                # the plan's expectation is a GPU figure: nothing to expect of a CPU build
+                _num(plan.get("expected_decode_tps")) if gpu_build else "-",
+                _num(inst.get("single_stream_tps")),
+                ("ok" if inst.get("ok") else "ERROR") if inst else (verify.get("status") or "-")]))
+        for preview in model.get("previews") or []:
+            chosen = ", ".join("%s %s (%s tok/s)" % (_gpu_cell(p).split(" ")[0], p.get("quant"),
+                                                     _num(p.get("expected_decode_tps")))
+                               for p in preview.get("plans") or [])
+            previews.append("  %s: %s -> %s" % (host, preview.get("name"), chosen))
+    lines.append("expect/measured: single-stream tok/s (expected only for a GPU build); serves: quant, "
+                 "-c total x slots, KV type")
+    if previews:
+        lines.append("previewed, not served (the plan each host would get):")
+        lines.extend(previews)
+    return lines
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"llm_fleet_decisions": llm_fleet_decisions}
