@@ -36,6 +36,13 @@ EFFICIENCY_TABLE = {
     # share of its ceiling: the dense figure predicted it 15-25% high
     ("hopper", "Q4_K", "hybrid"): (0.245, "H200 2026-12-01, random-weight Qwen3.5-27B-shaped hybrid Q4_K, "
                                           "llama-server single stream, -c 32768 -np 4 (h200-hybrid-2026-12-01)"),
+    # the other types: the hybrid quant sweep (16 layers, llama-bench) scaled by the
+    # Q4_K ratio of the whole model through llama-server to the sweep (0.245 / 0.280);
+    # the dense figures over-predicted these 10-15% (h200-hybrid-quant-sweep-2026-12-01)
+    ("hopper", "Q3_K", "hybrid"): (0.168, "H200 hybrid quant sweep 2026-12-01: Q3_K_M 0.192 x 0.875"),
+    ("hopper", "Q5_K", "hybrid"): (0.264, "H200 hybrid quant sweep 2026-12-01: Q5_K_M 0.302 x 0.875"),
+    ("hopper", "Q6_K", "hybrid"): (0.248, "H200 hybrid quant sweep 2026-12-01: Q6_K 0.283 x 0.875"),
+    ("hopper", "Q8_0", "hybrid"): (0.384, "H200 hybrid quant sweep 2026-12-01: Q8_0 0.439 x 0.875"),
     # V100: public measurements, not this project's (no V100 here); docs/planning.md
     # lists each source. 900 GB/s ceiling, ~27B files unless said.
     ("volta", "Q4_K", "*"): (0.64, "public V100 figures, 27B Q4_K_M hybrid (Qwen3.x-27B): 0.63-0.68 in three "

@@ -5,6 +5,8 @@
 # $LAYERS layers (the per-layer shapes are the real ones; fewer layers keep the
 # requantizations inside the call's time), then requantize and measure each type.
 #   OUT=$OUT bash benchmarks/h200/quant_sweep.sh
+#   SHAPE=qwen35-27b OUT=$OUT bash benchmarks/h200/quant_sweep.sh   the hybrid (gated delta net
+#                                    + every 4th layer full attention) instead of the dense 32B
 # Needs the llama.cpp source archive (.cache/harness/llama.cpp-<commit>.tar.gz), nvcc,
 # cmake and ninja, Python 3 with numpy and nvidia-ml-py. Never changes clocks or power.
 set -uo pipefail
@@ -13,6 +15,7 @@ WORK=${WORK:-/root/quant-sweep}
 OUT=${OUT:-$WORK/out}
 ARCH=${ARCH:-90}
 LAYERS=${LAYERS:-16}
+SHAPE=${SHAPE:-qwen25-32b}
 QUANTS=${QUANTS:-Q3_K_M,Q4_K_M,Q5_K_M,Q6_K,Q8_0}
 TARBALL=${TARBALL:-$REPO/.cache/harness/llama.cpp-0c1e57098bba.tar.gz}
 mkdir -p "$WORK/src" "$OUT"
@@ -27,8 +30,9 @@ stamp "build llama-bench, llama-quantize (sm_$ARCH) in the background"
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   && ninja -C "$WORK/build" llama-bench llama-quantize ) > "$OUT/build.log" 2>&1 &
 BUILD=$!
-stamp "write the random-weight base model ($LAYERS layers, every weight Q4_K)"
-python3 "$REPO/benchmarks/make_random_gguf.py" "$WORK/base-q4_k.gguf" --layers "$LAYERS" > "$OUT/model-write.log" 2>&1 \
+stamp "write the random-weight base model ($SHAPE, $LAYERS layers, every weight Q4_K)"
+python3 "$REPO/benchmarks/make_random_gguf.py" "$WORK/base-q4_k.gguf" --shape "$SHAPE" --layers "$LAYERS" \
+  > "$OUT/model-write.log" 2>&1 \
   || { tail -5 "$OUT/model-write.log"; exit 3; }
 stamp "wait for the build"
 wait $BUILD || { tail -30 "$OUT/build.log"; exit 4; }

@@ -88,6 +88,12 @@ def test_expected_speeds():
     assert ps.aggregate_exponent(V100, cal, "hybrid") == ps.AGGREGATE_EXPONENT_BY_ARCH["hybrid"] < ps.AGGREGATE_EXPONENT
 
 
+def test_every_hopper_weight_type_has_a_measured_hybrid_figure_below_the_dense_one():
+    for quant in ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0"):
+        hybrid = ps.EFFICIENCY_TABLE[("hopper", quant, "hybrid")][0]
+        assert hybrid < ps.EFFICIENCY_TABLE[("hopper", quant, "*")][0], quant
+
+
 def test_a_hybrid_has_its_own_efficiency_where_measured():
     e = ps.efficiency_for(H200, HYBRID)
     assert (e["value"], e["arch"], e["from"]) == (0.245, "hybrid", "table") and "hybrid" in e["source"]
