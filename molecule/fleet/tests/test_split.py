@@ -4,6 +4,8 @@ over the cards (prefer_split, layer split: a tensor split needs real GPUs, and t
 simulated ones compute nothing, so the CPU serves), then the default policy brings
 back one instance per GPU. What the CPU backend can show is checked: the plan, the
 flags, the GPUs the unit sees and may open, the placement, and that it answers."""
+import os
+
 import pytest
 
 from hostprobe import node, only_in_scenario, recap, run_playbook, stage_fact
@@ -16,23 +18,21 @@ SPLIT_POLICY = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "prefe
                 "split_modes": ["layer"]}
 STAGES = ("playbooks/model.yml", "playbooks/llama_server.yml")
 DROPIN = "/etc/systemd/system/llama-server@0.service.d/plan.conf"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def deploy(tmp_path, extra_vars=None):
-    results = []
-    for playbook in STAGES:
-        result = run_playbook(playbook, [TWO_GPUS], tmp_path=tmp_path, extra_vars=extra_vars)
-        assert result.returncode == 0, result.stdout[-3000:]
-        results.append(result)
-    return results
+def deploy(tmp_path, extra_vars=None, stages=STAGES):
+    """The stages' own playbooks in one run (site.yml imports them the same way)."""
+    playbook = tmp_path / "stages.yml"
+    playbook.write_text("".join("- import_playbook: %s/%s\n" % (REPO, stage) for stage in stages))
+    result = run_playbook(str(playbook), [TWO_GPUS], tmp_path=tmp_path, extra_vars=extra_vars)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result
 
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("split")
-    deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY})
-    result = run_playbook("playbooks/verify.yml", [TWO_GPUS], tmp_path=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:]
+    deploy(tmp_path_factory.mktemp("split"), {"llm_model_policy": SPLIT_POLICY}, STAGES + ("playbooks/verify.yml",))
     return node(TWO_GPUS)
 
 
@@ -90,8 +90,8 @@ def test_verify_measures_the_split_card_by_card(host):
 
 
 def test_a_rerun_changes_nothing(host, tmp_path):
-    for result in deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY}):
-        assert recap(result.stdout, TWO_GPUS).get("changed") == 0, result.stdout[-3000:]
+    result = deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY})
+    assert recap(result.stdout, TWO_GPUS).get("changed") == 0, result.stdout[-3000:]
 
 
 def test_the_default_policy_brings_back_one_instance_per_gpu(host, tmp_path):
