@@ -8,7 +8,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-COLUMNS = (("host", 20), ("GPU", 26), ("tuning", 15), ("build", 13), ("serves", 27), ("expect", 7),
+COLUMNS = (("host", 20), ("GPU", 26), ("tuning", 15), ("build", 13), ("serves", 27), ("expect", 8),
            ("measured", 9), ("verify", 7))
 
 
@@ -62,7 +62,9 @@ def _serves_cell(plan):
 
 
 def _num(value):
-    return "-" if value is None else "%.1f" % float(value)
+    if value is None:
+        return "-"
+    return "%.1f" % float(value) if float(value) < 10000 else "%.0f" % float(value)
 
 
 def _row(values):
@@ -92,7 +94,9 @@ def llm_fleet_decisions(hosts, hostvars):
                 # the plan's expectation is a GPU figure: nothing to expect of a CPU build
                 _num(plan.get("expected_decode_tps")) if gpu_build else "-",
                 _num(inst.get("single_stream_tps")),
-                ("ok" if inst.get("ok") else "ERROR") if inst else (verify.get("status") or "-")]))
+                # below the planned share of the ceiling: flagged, not failed (verify's own words)
+                ("ERROR" if not inst.get("ok") else "FLAGGED" if inst.get("flagged") else "ok") if inst
+                else (verify.get("status") or "-")]))
         for preview in model.get("previews") or []:
             chosen = ", ".join("%s %s (%s tok/s)" % (_gpu_cell(p).split(" ")[0], p.get("quant"),
                                                      _num(p.get("expected_decode_tps")))

@@ -47,3 +47,12 @@ def test_a_split_a_cpu_build_tuning_and_a_preview():
     assert "%.1f" % plan["expected_decode_tps"] not in row  # no GPU expectation for a CPU build
     assert any(line.startswith("new") and "no plan recorded yet" in line for line in lines)
     assert "  pair: Qwen2.5-32B-Instruct -> 0+1 Q6_K (35.6 tok/s)" in lines
+
+
+def test_a_flagged_instance_and_a_large_expectation_read_whole():
+    local = local_facts()
+    local["llm_fleet_model"]["plans"][0]["expected_decode_tps"] = 568384.4
+    local["llm_fleet_verify"]["instances"][0]["flagged"] = True
+    lines = summary.llm_fleet_decisions(["gpu-host"], {"gpu-host": {"ansible_facts": {"ansible_local": local}}})
+    row = next(line for line in lines if line.startswith("gpu-host"))
+    assert " 568384 " in row and row.endswith("FLAGGED")
