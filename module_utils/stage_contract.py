@@ -26,6 +26,9 @@ STAGE_KEYS = {
                   "bin_dir", "server", "server_flags"),
     "model": ("plans",),
     "llama_server": ("host", "api_key", "environment", "instances"),
+    # the load balancer in front of the instances: where clients connect, and the runtime
+    # socket and names the llama_server and nvidia_stack stages drain servers through
+    "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout"),
     "verify": ("status", "instances"),
 }
 COMMON_KEYS = ("schema_version", "stage", "summary")

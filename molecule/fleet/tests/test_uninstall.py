@@ -12,7 +12,7 @@ pytestmark = only_in_scenario("fleet")
 PROJECT_PATHS = ["/opt/llm-fleet", "/etc/llm-fleet", "/var/lib/llm-fleet", "/var/cache/llm-fleet",
                  "/etc/systemd/system/llama-server@.service", "/etc/systemd/system/gpu-tuning.service",
                  "/etc/systemd/system/llm-fleet-gpu.target", "/etc/apt/preferences.d/nvidia-stack.pref",
-                 "/etc/apt/apt.conf.d/51nvidia-stack-unattended"]
+                 "/etc/apt/apt.conf.d/51nvidia-stack-unattended", "/etc/haproxy"]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,10 @@ def test_nothing_of_the_deployment_is_left(removed):
     units = host.run("systemctl list-units --all --no-legend --plain 'llama-server@*' gpu-tuning.service").stdout
     assert units.strip() == ""
     assert not host.user("llama").exists and not host.group("llama").exists
-    listening = host.run("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8080), 2)\"")
-    assert listening.rc != 0, "something still listens on 8080"
+    for port in (8080, 8443):
+        listening = host.run("python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), 2)\"" % port)
+        assert listening.rc != 0, "something still listens on %d" % port
+    assert not host.package("haproxy").is_installed
     held = host.check_output("apt-mark showhold").split()
     assert not [name for name in held if name.startswith(("nvidia-", "libnvidia-", "cuda-", "libnccl"))], held
     # The driver stays: a GPU driver is the operator's to remove.
@@ -57,3 +59,4 @@ def test_site_yml_deploys_the_host_again(removed, tmp_path):
         health = host.run("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:%d/health')"
                           ".status)\"" % instance["port"])
         assert health.stdout.strip() == "200"
+    assert host.service("haproxy").is_running

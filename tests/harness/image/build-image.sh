@@ -75,6 +75,14 @@ for unit in systemd-udevd.service systemd-udev-trigger.service getty@tty1.servic
   console-getty.service systemd-modules-load.service; do
   ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
 done
+# A container without CAP_SYS_ADMIN cannot bind-mount, and systemd refuses to start a
+# unit with Bind*Paths= there (226/NAMESPACE), where it only skips ProtectSystem= and
+# the like. Debian's haproxy.service binds /dev/log into HAProxy's chroot for logging:
+# the hosts of this image start it without that bind (HAProxy then logs nothing),
+# as any unit with Bind*Paths= would need. A real host keeps the package's unit.
+mkdir -p "$rootfs/etc/systemd/system/haproxy.service.d"
+printf '[Service]\n# container: no bind mounts (tests/harness/image/build-image.sh)\nBindReadOnlyPaths=\n' \
+  > "$rootfs/etc/systemd/system/haproxy.service.d/container-no-bind.conf"
 # A fresh machine-id per container, as on a freshly provisioned host.
 : > "$rootfs/etc/machine-id"
 rm -f "$rootfs/etc/resolv.conf"

@@ -1,0 +1,216 @@
+"""The front of each host (roles/frontend, issue 15), checked from outside the role:
+HAProxy's own runtime API and the answers a client gets through the one port (TLS
+against the served certificate, the API key, a drained instance, no instance up),
+and a rolling restart of both instances of the two-GPU host under a load of
+streaming requests, which must lose none. The simulated hosts have no network, so
+the clients run on the host itself, on loopback, as a local client would."""
+import csv
+import io
+import json
+import os
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from hostprobe import HARNESS_DIR, harness_group_vars, host_name, node, only_in_scenario, run_playbook, stage_fact
+from test_llama_server import ONE_GPU, TWO_GPUS, main_pid
+
+pytestmark = only_in_scenario("fleet")
+
+KEY = harness_group_vars()["frontend_api_key"]
+PEM = "/etc/haproxy/llm-fleet/tls.pem"
+SOCKET = "/run/haproxy/admin.sock"
+BACKEND = "llama_server"
+
+
+def runtime(host, command):
+    """HAProxy's answer to one runtime API command."""
+    script = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(%r)\n"
+              "s.sendall(sys.argv[1].encode()+b'\\n')\n"
+              "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())" % SOCKET)
+    return host.check_output("python3 -c %s %s" % (shlex.quote(script), shlex.quote(command)))
+
+
+def servers(host):
+    """{server: row of `show stat`} of the llama_server backend."""
+    rows = csv.DictReader(io.StringIO(runtime(host, "show stat").lstrip("# ")))
+    return {row["svname"]: row for row in rows if row["pxname"] == BACKEND and row["svname"] not in ("BACKEND",)}
+
+
+def wait_until_up(host, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = {name: row["status"] for name, row in servers(host).items()}
+        if all(state == "UP" for state in states.values()):
+            return states
+        time.sleep(0.5)
+    pytest.fail("%s: the front's servers are not all up: %s" % (host_name(host), states))
+
+
+def front(host, path, body=None, key=KEY, tls=None):
+    """What a client on the host gets from the front: (status, JSON body or text), the
+    certificate checked against the served one. tls: also return the handshake."""
+    script = (
+        "import hashlib,http.client,json,ssl,sys\n"
+        "ctx=ssl.create_default_context(cafile=%r)\n"
+        "c=http.client.HTTPSConnection('127.0.0.1',8443,context=ctx,timeout=120)\n"
+        "h={'Content-Type':'application/json'}\n"
+        "if sys.argv[3]: h['Authorization']='Bearer '+sys.argv[3]\n"
+        "c.request('POST' if sys.argv[2] else 'GET',sys.argv[1],body=sys.argv[2] or None,headers=h)\n"
+        "s=c.sock\n"
+        "tls={'version':s.version(),'cipher':s.cipher()[0],'sha256':hashlib.sha256(s.getpeercert(True)).hexdigest(),"
+        "'names':[v for k,v in s.getpeercert()['subjectAltName']]}\n"
+        "r=c.getresponse();text=r.read().decode()\n"
+        "try: text=json.loads(text)\n"
+        "except ValueError: pass\n"
+        "print(json.dumps([r.status,text,tls]))\n"
+        % PEM)
+    out = host.check_output("python3 -c %s %s %s %s" % (shlex.quote(script), shlex.quote(path),
+                                                          shlex.quote(json.dumps(body) if body else ""),
+                                                          shlex.quote(key or "")))
+    status, text, handshake = json.loads(out)
+    return (status, text, handshake) if tls else (status, text)
+
+
+def tokens_predicted(host, port):
+    """llama-server's own count of tokens it generated (its /metrics)."""
+    metrics = host.check_output("python3 -c %s" % shlex.quote(
+        "import urllib.request as u;print(u.urlopen('http://127.0.0.1:%d/metrics').read().decode())" % port))
+    for line in metrics.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total"):
+            return float(line.split()[-1])
+    pytest.fail("no llamacpp:tokens_predicted_total in port %d's /metrics" % port)
+
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("name", [ONE_GPU, TWO_GPUS])
+def test_one_port_in_front_of_every_instance(name):
+    host = node(name)
+    assert host.service("haproxy").is_running and host.service("haproxy").is_enabled
+    assert host.socket("tcp://0.0.0.0:8443").is_listening
+    assert not host.socket("tcp://0.0.0.0:80").is_listening
+    instances = stage_fact(host, "llama_server")["instances"]
+    rows = servers(host)
+    assert sorted(rows) == sorted("gpu%d" % instance["gpu_index"] for instance in instances)
+    for instance in instances:
+        # behind the front, the instances stay on loopback
+        assert rows["gpu%d" % instance["gpu_index"]]["status"] == "UP"
+        assert host.socket("tcp://127.0.0.1:%d" % instance["port"]).is_listening
+        assert not host.socket("tcp://0.0.0.0:%d" % instance["port"]).is_listening
+    assert stage_fact(host, "frontend")["servers"] == sorted(rows)
+
+
+def test_tls_with_the_host_certificate_and_modern_ciphers_only():
+    host = node(TWO_GPUS)
+    status, _, handshake = front(host, "/health", tls=True)
+    assert status == 200
+    assert handshake["version"] in ("TLSv1.3", "TLSv1.2")
+    assert "DNS:%s" % TWO_GPUS in ["DNS:" + n for n in handshake["names"]] and "127.0.0.1" in handshake["names"]
+    fact = stage_fact(host, "frontend")
+    assert fact["tls"] and fact["certificate"]["kind"] == "self-signed"
+    assert fact["certificate"]["sha256"].replace(":", "").lower() == handshake["sha256"]
+    # a client that offers only a cipher without forward secrecy (TLS 1.2, RSA key exchange) is refused
+    refused = host.run("python3 -c %s" % shlex.quote(
+        "import socket,ssl\nc=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT);c.check_hostname=False;c.verify_mode=ssl.CERT_NONE\n"
+        "c.maximum_version=ssl.TLSVersion.TLSv1_2;c.set_ciphers('AES128-SHA:@SECLEVEL=0')\n"
+        "c.wrap_socket(socket.create_connection(('127.0.0.1',8443))).do_handshake()"))
+    assert refused.rc != 0 and "SSL" in refused.stderr, refused.stderr
+
+
+def test_clients_need_the_key_on_every_path():
+    host = node(TWO_GPUS)
+    for path, body in (("/v1/chat/completions", CHAT), ("/health", None), ("/metrics", None), ("/slots", None)):
+        for key in (None, "wrong-key"):
+            status, text = front(host, path, body, key=key)
+            assert status == 403 and text["error"]["type"] == "authentication_error", (path, key, text)
+    assert front(host, "/health")[0] == 200
+    assert front(host, "/metrics")[0] == 200
+    status, text = front(host, "/v1/chat/completions", CHAT)
+    assert status == 200 and text["choices"][0]["message"]["content"], text
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"frontend_api_key": ""}, "which other machines can reach, and no API key is set"),
+    ({"frontend_api_key": 'key" with a quote'}, "has a character a bearer token cannot carry"),
+])
+def test_bad_settings_stop_the_stage_before_any_change(settings, message, tmp_path):
+    host = node(ONE_GPU)
+    config = host.file("/etc/haproxy/haproxy.cfg").content_string
+    result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path, extra_vars=settings)
+    assert result.returncode != 0 and message in " ".join(result.stdout.split()), result.stdout[-3000:]
+    assert 'key" with a quote' not in result.stdout
+    assert host.file("/etc/haproxy/haproxy.cfg").content_string == config
+
+
+def test_a_drained_instance_receives_nothing():
+    host = node(TWO_GPUS)
+    runtime(host, "set server %s/gpu1 state drain" % BACKEND)
+    try:
+        before = tokens_predicted(host, 8080), tokens_predicted(host, 8081)
+        for _ in range(4):
+            assert front(host, "/v1/chat/completions", CHAT)[0] == 200
+        after = tokens_predicted(host, 8080), tokens_predicted(host, 8081)
+        assert after[1] == before[1], "the drained instance generated %s tokens" % (after[1] - before[1])
+        assert after[0] > before[0]
+    finally:
+        runtime(host, "set server %s/gpu1 state ready" % BACKEND)
+    wait_until_up(host)
+
+
+def test_a_host_with_no_instance_up_answers_503_with_a_reason():
+    host = node(TWO_GPUS)
+    for server in ("gpu0", "gpu1"):
+        runtime(host, "set server %s/%s state maint" % (BACKEND, server))
+    try:
+        status, text = front(host, "/v1/chat/completions", CHAT)
+    finally:
+        for server in ("gpu0", "gpu1"):
+            runtime(host, "set server %s/%s state ready" % (BACKEND, server))
+    assert status == 503
+    assert text["error"]["type"] == "unavailable_error" and TWO_GPUS in text["error"]["message"]
+    wait_until_up(host)
+
+
+def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
+    """The llama_server stage restarts both instances of the two-GPU host, one after the
+    other, while 4 clients stream completions through the front: every response must be
+    whole. (The restart is forced by removing the records of what passed the gate, as a
+    rollout interrupted after writing new plans leaves them: the stage then restarts and
+    gates every instance exactly as for a new plan, and the plan stays what the later
+    tests expect.)"""
+    host = node(TWO_GPUS)
+    subprocess.run(["docker", "cp", os.path.join(HARNESS_DIR, "frontend_loadgen.py"), TWO_GPUS + ":/root/loadgen.py"],
+                   check=True)
+    host.run("rm -f /tmp/loadgen.stop /tmp/loadgen.json")
+    host.check_output("nohup python3 /root/loadgen.py https://127.0.0.1:8443 %s %s /tmp/loadgen.stop 4 48 0.5 "
+                      "> /tmp/loadgen.json 2>/tmp/loadgen.err &" % (shlex.quote(KEY), PEM))
+    before = main_pid(host, 0), main_pid(host, 1)
+    try:
+        time.sleep(3)
+        host.check_output("rm /etc/llm-fleet/llama-server/0.serving /etc/llm-fleet/llama-server/1.serving")
+        started = time.time()
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:]
+        print("\nthe llama_server stage's rollout took %.0f s" % (time.time() - started))
+        time.sleep(2)
+    finally:
+        host.run("touch /tmp/loadgen.stop")
+    after = main_pid(host, 0), main_pid(host, 1)
+    deadline = time.time() + 150
+    while time.time() < deadline and not host.file("/tmp/loadgen.json").content_string.strip():
+        time.sleep(1)
+    out = host.file("/tmp/loadgen.json").content_string
+    assert out.strip(), host.file("/tmp/loadgen.err").content_string
+    results = json.loads(out)
+    print("\nrolling restart under load through the front of %s: %d requests, %d whole, %d failed"
+          % (TWO_GPUS, results["requests"], results["whole"], len(results["failures"])))
+    # both instances restarted, each drained first
+    assert before[0] != after[0] and before[1] != after[1], (before, after)
+    assert result.stdout.count("Drain from the front (requests in flight finish) the instance of GPU") == 2
+    assert results["failures"] == []
+    assert results["requests"] >= 20 and results["whole"] == results["requests"]
+    wait_until_up(host)
