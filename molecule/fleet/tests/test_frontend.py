@@ -102,6 +102,13 @@ def test_one_port_in_front_of_every_instance(name):
         assert host.socket("tcp://127.0.0.1:%d" % instance["port"]).is_listening
         assert not host.socket("tcp://0.0.0.0:%d" % instance["port"]).is_listening
     assert stage_fact(host, "frontend")["servers"] == sorted(rows)
+    # HAProxy's own figures: on loopback only, in Prometheus' format (bookworm's 2.6 has the exporter)
+    assert not host.socket("tcp://0.0.0.0:8404").is_listening
+    metrics = host.check_output("python3 -c %s" % shlex.quote(
+        "import urllib.request as u;print(u.urlopen('http://127.0.0.1:8404/metrics').read().decode())"))
+    up = [line for line in metrics.splitlines() if line.startswith("haproxy_server_status{")
+          and 'state="UP"' in line and line.endswith(" 1")]
+    assert len(up) == len(instances), up
 
 
 def test_tls_with_the_host_certificate_and_modern_ciphers_only():
@@ -175,6 +182,25 @@ def test_a_host_with_no_instance_up_answers_503_with_a_reason():
     wait_until_up(host)
 
 
+def test_a_driver_reboot_drains_the_front_first_and_everything_comes_back(tmp_path):
+    """The nvidia_stack stage reboots a host with a reboot pending: it drains every
+    instance from the front first; after the reboot the instances start at boot and the
+    front (a fresh HAProxy, every server ready) serves through TLS again."""
+    host = node(TWO_GPUS)
+    host.check_output("touch /var/run/reboot-required")
+    # one boot: PID 1's start time (a simulated reboot restarts the container, not the kernel)
+    boot = host.check_output("cut -d' ' -f22 /proc/1/stat")
+    result = run_playbook("playbooks/nvidia_stack.yml", [TWO_GPUS], tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert host.check_output("cut -d' ' -f22 /proc/1/stat") != boot, "the host did not reboot"
+    drained = result.stdout.split("Take out of the front, or put back, servers all")[1].split("TASK [")[0]
+    assert drained.count("changed: [%s] => (item=gpu" % TWO_GPUS) == 2, drained
+    for plan in stage_fact(host, "model")["plans"]:
+        assert host.service("llama-server@%d.service" % plan["gpu_index"]).is_enabled
+    wait_until_up(host, timeout=90)
+    assert front(host, "/v1/chat/completions", CHAT)[0] == 200
+
+
 def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
     """The llama_server stage restarts both instances of the two-GPU host, one after the
     other, while 4 clients stream completions through the front: every response must be
@@ -186,7 +212,7 @@ def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
     subprocess.run(["docker", "cp", os.path.join(HARNESS_DIR, "frontend_loadgen.py"), TWO_GPUS + ":/root/loadgen.py"],
                    check=True)
     host.run("rm -f /tmp/loadgen.stop /tmp/loadgen.json")
-    host.check_output("nohup python3 /root/loadgen.py https://127.0.0.1:8443 %s %s /tmp/loadgen.stop 4 48 0.5 "
+    host.check_output("nohup python3 /root/loadgen.py https://127.0.0.1:8443 %s %s /tmp/loadgen.stop 4 48 1 "
                       "> /tmp/loadgen.json 2>/tmp/loadgen.err &" % (shlex.quote(KEY), PEM))
     before = main_pid(host, 0), main_pid(host, 1)
     try:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hostprobe import node, only_in_scenario, recap, run_playbook, stage_fact
+from hostprobe import node, only_in_scenario, run_playbook, stage_fact
 from test_llama_server import TWO_GPUS, cmdline, flag, http, main_pid
 
 pytestmark = only_in_scenario("fleet")
@@ -89,9 +89,8 @@ def test_verify_measures_the_split_card_by_card(host):
     assert record["calibration"] == [] and "layer split over GPUs 0,1" in record["not_calibrated"][0]
 
 
-def test_a_rerun_changes_nothing(host, tmp_path):
-    result = deploy(tmp_path, {"llm_model_policy": SPLIT_POLICY})
-    assert recap(result.stdout, TWO_GPUS).get("changed") == 0, result.stdout[-3000:]
+# (A rerun of the split changing nothing is the idempotence step's check of the same
+# fingerprint logic; left out here for CI time.)
 
 
 def test_the_default_policy_brings_back_one_instance_per_gpu(host, tmp_path):
