@@ -68,7 +68,10 @@ def _num(value):
 
 
 def _row(values):
-    return "  ".join(str(v)[:w].ljust(w) for v, (_, w) in zip(values, COLUMNS)).rstrip()
+    # the last column (the verdict, or why a GPU is held) is never cut
+    last = len(COLUMNS) - 1
+    return "  ".join((str(v) if n == last else str(v)[:w]).ljust(w)
+                     for n, (v, (_, w)) in enumerate(zip(values, COLUMNS))).rstrip()
 
 
 def llm_fleet_decisions(hosts, hostvars):
@@ -84,6 +87,8 @@ def llm_fleet_decisions(hosts, hostvars):
         tuning = local.get("llm_fleet_gpu_tuning") or {}
         gpu_build = (llama_cpp.get("backend") or "cpu") != "cpu"
         measured = dict((i.get("gpu_index"), i) for i in verify.get("instances") or [])
+        # planned GPUs the llama_server stage kept its instance off (failed health check)
+        held = dict((h.get("gpu_index"), h) for h in (local.get("llm_fleet_llama_server") or {}).get("held") or [])
         plans = model.get("plans") or []
         if not plans:
             lines.append(_row([host, "no plan recorded yet"]))
@@ -95,6 +100,8 @@ def llm_fleet_decisions(hosts, hostvars):
                 _num(plan.get("expected_decode_tps")) if gpu_build else "-",
                 _num(inst.get("single_stream_tps")),
                 # below the planned share of the ceiling: flagged, not failed (verify's own words)
+                "HELD " + ",".join(p.get("check", "?") for p in held[plan.get("gpu_index")].get("problems") or [])
+                if plan.get("gpu_index") in held else
                 ("ERROR" if not inst.get("ok") else "FLAGGED" if inst.get("flagged") else "ok") if inst
                 else (verify.get("status") or "-")]))
         for preview in model.get("previews") or []:

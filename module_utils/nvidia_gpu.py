@@ -2,11 +2,13 @@
 # Read NVIDIA GPUs through NVML (the pynvml / nvidia-ml-py package).
 #
 # Shared by the nvidia_gpu_facts module and the GPU tuning tool. Kept free of
-# Ansible imports so it is unit-testable on its own, and Python 3.8-compatible
+# Ansible imports but its sibling gpu_health, so it is unit-testable on its own; Python 3.8-compatible
 # because Ubuntu 20.04 hosts run it.
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
+
+from ansible.module_utils.gpu_health import read_health
 
 # NVML enum values used below (stable across NVML versions).
 NVML_CLOCK_GRAPHICS = 0
@@ -123,6 +125,8 @@ def read_gpu(nvml, index, cpu_words=4):
         "numa_node": numa_node if numa_node is not None and numa_node >= 0 else None,
         "cpu_affinity": cpu_list_from_mask(affinity),
         "nvlink_peers": _nvlink_peers(nvml, handle),
+        # ECC, retired pages / remapped rows, compute processes (gpu_health.assess judges them)
+        "health": read_health(nvml, handle),
     }
 
 

@@ -148,6 +148,12 @@ stamp "health: $(health)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 cat "$OUT/nvidia-smi-compute-apps.csv"
+# The GPU health gate's reading of a real card with llama-server on it (ECC, retired
+# pages or remapped rows, compute processes: module_utils/gpu_health.py).
+stamp "GPU health as nvidia_gpu_facts reads it"
+python3 "$WORK/site/bin/ansible" -i "$HERE/inventory.yml" all -m nvidia_gpu_facts \
+  -e ansible_python_interpreter=/opt/llm-fleet/venv/bin/python -o > "$OUT/gpu-health.txt" 2>&1
+python3 -c 'import json,re,sys; t=open(sys.argv[1]).read(); d=json.loads(t[t.index("{"):]); print(json.dumps([g["health"] for g in d["ansible_facts"]["nvidia_gpus"]], indent=1))' "$OUT/gpu-health.txt" | tee "$OUT/gpu-health.json"
 # --- verify, the role itself, against the running server ----------------------------
 # No systemd here, so the llama_server stage recorded no instance: the instance the
 # check run rendered is handed to verify (its documented override), and verify's

@@ -56,3 +56,14 @@ def test_a_flagged_instance_and_a_large_expectation_read_whole():
     lines = summary.llm_fleet_decisions(["gpu-host"], {"gpu-host": {"ansible_facts": {"ansible_local": local}}})
     row = next(line for line in lines if line.startswith("gpu-host"))
     assert " 568384 " in row and row.endswith("FLAGGED")
+
+
+def test_a_gpu_held_by_its_health_check_says_why():
+    local = local_facts()
+    plan = local["llm_fleet_model"]["plans"][0]
+    local["llm_fleet_llama_server"] = {"held": [{"gpu_index": plan["gpu_index"], "problems": [
+        {"check": "ecc_uncorrectable", "severity": "fail", "message": "2 uncorrectable ECC error(s) since boot"},
+        {"check": "foreign_process", "severity": "fail", "message": "PID 7 (python3) holds 14336 MiB"}]}]}
+    lines = summary.llm_fleet_decisions(["gpu-host"], {"gpu-host": {"ansible_facts": {"ansible_local": local}}})
+    row = next(line for line in lines if line.startswith("gpu-host"))
+    assert row.endswith("HELD ecc_uncorrectable,foreign_process")

@@ -159,6 +159,9 @@ def test_fleet_report_lists_flagged_errors_and_missing_hosts():
     assert "**No result (unreachable or failed before measuring):** gpu03" in md
     assert "| gpu01 | 0 Tesla V100-SXM2-32GB | Q4_K_M | 32768 / 4 | f16 | 30.0 |" in md
     assert "| 69% |" in md and "FLAGGED |" in md
+    assert "GPUs failing their health check" not in md
+    report["settings"]["held_gpus"] = ["gpu02 GPU 1: 2 uncorrectable ECC error(s) since boot"]
+    assert "- gpu02 GPU 1: 2 uncorrectable ECC error(s) since boot" in vr.verify_fleet_markdown(report)
     svg = ET.fromstring(vr.verify_fleet_svg(report))
     assert svg.tag.endswith("svg") and len([e for e in svg.iter() if e.tag.endswith("rect")]) == 4
     json.dumps(report)

@@ -109,24 +109,6 @@ def test_binding_beyond_loopback_needs_an_api_key(tmp_path):
     assert "no llama_server_api_key is set" in " ".join(result.stdout.split())
 
 
-def test_api_key_is_enforced_and_never_logged(tmp_path):
-    host = node(ONE_GPU)
-    secret = "test-key-5f1e"
-    result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
-                          extra_vars={"llama_server_host": "0.0.0.0", "llama_server_api_key": secret})
-    try:
-        assert result.returncode == 0, result.stdout[-3000:]
-        assert secret not in result.stdout
-        key_file = host.file("/etc/llm-fleet/llama-server/api-key")
-        assert key_file.mode == 0o640 and key_file.user == "root" and key_file.group == "llama"
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        assert http(host, 8080, "/v1/chat/completions", body)[0] == 401
-        assert http(host, 8080, "/v1/chat/completions", body, key=secret)[0] == 200
-    finally:
-        back = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path)
-        assert back.returncode == 0, back.stdout[-3000:]
-
-
 def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path):
     host = node(ONE_GPU)
     plans = stage_fact(host, "model")["plans"]
@@ -140,37 +122,50 @@ def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path)
     assert http(host, 8080, "/health")[0] == 200
 
 
-def test_an_interrupted_rollout_is_finished_by_the_next_run(tmp_path):
-    """A run killed between writing a drop-in and restarting used to leave the old process serving
-    while the next run saw nothing to do (the drop-in already said the new plan). Reproduced exactly:
-    serve plan A (on ::1, under an alias systemd would expand), then put plan B's drop-in in place
-    without a restart, as the interrupted run leaves it; the next run of plan B must restart and gate."""
+def test_an_api_key_and_an_interrupted_rollout_finished_by_the_next_run(tmp_path):
+    """Plan A: listen on :: (every address, so the key is required) with an API key and an
+    alias systemd would expand; the key is enforced and never logged. Then an interrupted
+    rollout of plan B (the defaults: loopback, no key): a run killed between writing a
+    drop-in and restarting used to leave the old process serving while the next run saw
+    nothing to do (the drop-in already said the new plan). Reproduced exactly: plan B's
+    drop-in in place without a restart; the next run of plan B must restart and gate."""
     host = node(ONE_GPU)
     dropin = "/etc/systemd/system/llama-server@0.service.d/plan.conf"
     saved = host.check_output("cat %s" % dropin)          # plan B: what the role renders by default
     alias = 'tiny "50%" $HOME %i \\ it\'s'
+    secret = "test-key-5f1e"
     result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
-                          extra_vars={"llama_server_host": "::1", "llama_server_alias": alias})
+                          extra_vars={"llama_server_host": "::", "llama_server_alias": alias,
+                                      "llama_server_api_key": secret})
     assert result.returncode == 0, result.stdout[-3000:]
+    assert secret not in result.stdout
+    key_file = host.file("/etc/llm-fleet/llama-server/api-key")
+    assert key_file.mode == 0o640 and key_file.user == "root" and key_file.group == "llama"
     args = cmdline(host, main_pid(host, 0))
-    assert flag(args, "--host") == "::1" and flag(args, "--alias") == alias
-    status, models = http(host, 8080, "/v1/models", address="[::1]")
+    assert flag(args, "--host") == "::" and flag(args, "--alias") == alias
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert http(host, 8080, "/v1/chat/completions", body, address="[::1]")[0] == 401
+    assert http(host, 8080, "/v1/chat/completions", body, key=secret, address="[::1]")[0] == 200
+    status, models = http(host, 8080, "/v1/models", key=secret, address="[::1]")
     assert status == 200 and models["data"][0]["id"] == alias
     pid_a = main_pid(host, 0)
 
-    # What an interrupted run of plan B leaves: its drop-in written, systemd reloaded, no restart.
-    host.run_expect([0], "printf '%%s\\n' %s > %s && systemctl daemon-reload" % (shlex.quote(saved), dropin))
+    # What an interrupted run of plan B leaves: its key file removed and drop-in written,
+    # systemd reloaded, no restart.
+    host.run_expect([0], "printf '%%s\\n' %s > %s && rm /etc/llm-fleet/llama-server/api-key && "
+                    "systemctl daemon-reload" % (shlex.quote(saved), dropin))
     assert main_pid(host, 0) == pid_a
     result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
-    # The drop-in was already plan B's: only the serving record can tell the role to restart.
+    # The drop-in and key were already plan B's: only the serving record can tell the role to restart.
     # (the timer callbacks print a line between a task's header and its result)
     written = re.search(r"TASK \[llama_server : Write the plan into the unit of GPU 0\].*?^(ok|changed|skipping):",
                         result.stdout, re.S | re.M)
     assert written and written.group(1) == "ok", result.stdout[-3000:]
     assert main_pid(host, 0) != pid_a, "the instance still runs the plan the interrupted run replaced"
     assert flag(cmdline(host, main_pid(host, 0)), "--host") == "127.0.0.1"
-    assert http(host, 8080, "/health")[0] == 200
+    assert not host.file("/etc/llm-fleet/llama-server/api-key").exists
+    assert http(host, 8080, "/v1/chat/completions", body)[0] == 200
 
 
 # The instances come back after a reboot: test_frontend.py's driver reboot of the

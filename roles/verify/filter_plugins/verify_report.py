@@ -341,6 +341,10 @@ def verify_fleet_markdown(report, missing_hosts=None):
         lines += ["", "**Nothing to verify (no llama-server instance recorded):** %s" % ", ".join(skipped)]
     if missing_hosts:
         lines += ["", "**No result (unreachable or failed before measuring):** %s" % ", ".join(missing_hosts)]
+    held = (report.get("settings") or {}).get("held_gpus") or []
+    if held:
+        lines += ["", "**GPUs failing their health check (no instance is started on them):**", ""]
+        lines += ["- %s" % line for line in held]
     lines += ["", "| host | GPU | quant | -c / -np | KV | 1 stream tok/s | TTFT s | 4 streams tok/s | all slots tok/s "
               "| expected 1 / all slots tok/s | ceiling tok/s | 1 stream / ceiling | VRAM used / predicted GiB "
               "| llama-bench pp / tg tok/s | status |",

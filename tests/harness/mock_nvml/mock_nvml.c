@@ -154,6 +154,12 @@ struct nvmlDevice_st {
     unsigned int nvlink_link_count, nvlink_version;
     struct pci_addr nvlink_peers[MAX_GPUS];
     unsigned int n_nvlink_peers;
+    /* InfoROM: what a used card carries from its past, across reboots. */
+    unsigned int ecc_enabled;
+    unsigned long long ecc_corrected_aggregate, ecc_uncorrected_aggregate;
+    unsigned int retired_pages_sbe, retired_pages_dbe, retired_pages_pending;
+    unsigned int remapped_rows_correctable, remapped_rows_uncorrectable;
+    unsigned int remapped_rows_pending, remapped_rows_failure;
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -509,6 +515,17 @@ static void load_gpu(struct profile_ctx *c, struct nvmlDevice_st *g)
     }
     if (g->n_nvlink_peers > g->nvlink_link_count)
         prof_error(c, "nvlink_link_count", "fewer links than nvlink_peers in");
+
+    g->ecc_enabled = prof_u32(c, "ecc_enabled", 1, 1);
+    g->ecc_corrected_aggregate = prof_u64(c, "ecc_corrected_aggregate", 1, 0);
+    g->ecc_uncorrected_aggregate = prof_u64(c, "ecc_uncorrected_aggregate", 1, 0);
+    g->retired_pages_sbe = prof_u32(c, "retired_pages_sbe", 1, 0);
+    g->retired_pages_dbe = prof_u32(c, "retired_pages_dbe", 1, 0);
+    g->retired_pages_pending = prof_u32(c, "retired_pages_pending", 1, 0);
+    g->remapped_rows_correctable = prof_u32(c, "remapped_rows_correctable", 1, 0);
+    g->remapped_rows_uncorrectable = prof_u32(c, "remapped_rows_uncorrectable", 1, 0);
+    g->remapped_rows_pending = prof_u32(c, "remapped_rows_pending", 1, 0);
+    g->remapped_rows_failure = prof_u32(c, "remapped_rows_failure", 1, 0);
 
     /* The idle clock must be one the card can run at, or ClockInfo would lie. */
     lowest = g->gfx_clocks[0];
@@ -1157,28 +1174,71 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *
 
 /* ---- memory --------------------------------------------------------------------- */
 
-/* Nothing ever allocates on a mock GPU: v1 "used" is the driver's reservation (NVML
- * documents v1 used as reserved + allocated), v2 reports the reservation on its own. */
+/* Compute processes on a card: "<uuid>.processes=PID:BYTES,..." in the volatile state
+ * (a test registers a process it started as holding memory).  Like the real driver,
+ * only live processes count: a PID that has exited frees its memory. */
+#define MAX_PROCS 64
+static unsigned int card_processes(const struct nvmlDevice_st *g, nvmlProcessInfo_t *out, unsigned int max,
+                                   unsigned long long *used)
+{
+    struct kvlist st = {0};
+    const char *s;
+    unsigned int n = 0;
+    *used = 0;
+    state_read(&st);
+    s = state_get(&st, g, "processes");
+    if (s && *s) {
+        char buf[4096], *tok, *save = NULL, proc[64];
+        snprintf(buf, sizeof(buf), "%s", s);
+        for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            unsigned int pid;
+            unsigned long long bytes;
+            char tail;
+            if (sscanf(trim(tok), "%u:%llu%c", &pid, &bytes, &tail) != 2)
+                continue;
+            snprintf(proc, sizeof(proc), "/proc/%u", pid);
+            if (access(proc, F_OK) != 0)
+                continue;
+            *used += bytes;
+            if (out && n < max) {
+                memset(&out[n], 0, sizeof(out[n]));
+                out[n].pid = pid;
+                out[n].usedGpuMemory = bytes;
+                out[n].gpuInstanceId = out[n].computeInstanceId = 0xFFFFFFFFu; /* no MIG */
+            }
+            n++;
+        }
+    }
+    kv_free(&st);
+    return n;
+}
+
+/* v1 "used" is the driver's reservation plus what processes hold (NVML documents v1
+ * used as reserved + allocated); v2 reports the reservation on its own. */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    unsigned long long held;
     CHECK_DEV(device);
     CHECK_PTR(memory);
+    card_processes(device, NULL, 0, &held);
     memory->total = device->mem_total;
-    memory->used = device->mem_reserved;
-    memory->free = device->mem_total - device->mem_reserved;
+    memory->used = device->mem_reserved + held;
+    memory->free = device->mem_total - memory->used;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    unsigned long long held;
     CHECK_DEV(device);
     CHECK_PTR(memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    card_processes(device, NULL, 0, &held);
     memory->total = device->mem_total;
     memory->reserved = device->mem_reserved;
-    memory->used = 0;
-    memory->free = device->mem_total - device->mem_reserved;
+    memory->used = held;
+    memory->free = device->mem_total - device->mem_reserved - held;
     return NVML_SUCCESS;
 }
 
@@ -1406,10 +1466,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, unsigned int *p
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
+    nvmlProcessInfo_t found[MAX_PROCS];
+    unsigned long long held;
+    unsigned int n;
     CHECK_DEV(device);
     CHECK_PTR(infoCount);
-    (void)infos;
-    *infoCount = 0;
+    n = card_processes(device, found, MAX_PROCS, &held);
+    if (n > MAX_PROCS)
+        n = MAX_PROCS;
+    if (!infos || *infoCount < n) {
+        *infoCount = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    memcpy(infos, found, n * sizeof(*found));
+    *infoCount = n;
     return NVML_SUCCESS;
 }
 
@@ -1417,6 +1487,103 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                             nvmlProcessInfo_t *infos)
 {
     return nvmlDeviceGetComputeRunningProcesses_v3(device, infoCount, infos);
+}
+
+/* ---- memory health (ECC, page retirement, row remapping) -------------------------- */
+
+enum { NVML_MEMORY_ERROR_TYPE_CORRECTED = 0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
+enum { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 };
+enum { NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1 };
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    CHECK_DEV(device);
+    CHECK_PTR(current);
+    CHECK_PTR(pending);
+    *current = *pending = device->ecc_enabled ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* Volatile counts ("<uuid>.ecc_uncorrected_volatile" in the tmpfs state) start again at 0
+ * after a reboot; every one of them also lands in the InfoROM's aggregate. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                                unsigned long long *eccCounts)
+{
+    struct kvlist st = {0};
+    unsigned long long volatile_count = 0;
+    const char *s;
+    CHECK_DEV(device);
+    CHECK_PTR(eccCounts);
+    if (errorType != NVML_MEMORY_ERROR_TYPE_CORRECTED && errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->ecc_enabled)
+        return NVML_ERROR_NOT_SUPPORTED;
+    state_read(&st);
+    s = state_get(&st, device,
+                  errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED ? "ecc_corrected_volatile" : "ecc_uncorrected_volatile");
+    if (s)
+        parse_u64(s, &volatile_count);
+    kv_free(&st);
+    *eccCounts = volatile_count;
+    if (counterType == NVML_AGGREGATE_ECC)
+        *eccCounts += errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED ? device->ecc_corrected_aggregate
+                                                                     : device->ecc_uncorrected_aggregate;
+    return NVML_SUCCESS;
+}
+
+/* Page retirement is how Volta and Turing take bad memory out of use; Ampere and later
+ * remap rows instead and answer NOT_SUPPORTED here, as the real driver does. */
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *pageCount,
+                                              unsigned long long *addresses)
+{
+    unsigned int n, i;
+    CHECK_DEV(device);
+    CHECK_PTR(pageCount);
+    if (device->arch >= NVML_DEVICE_ARCH_AMPERE)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        n = device->retired_pages_sbe;
+    else if (cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        n = device->retired_pages_dbe;
+    else
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!addresses || *pageCount < n) {
+        *pageCount = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (i = 0; i < n; i++) /* page addresses of the card, 64 KiB apart */
+        addresses[i] = 0x100000ULL * (cause + 1) + 0x10000ULL * i;
+    *pageCount = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending)
+{
+    CHECK_DEV(device);
+    CHECK_PTR(isPending);
+    if (device->arch >= NVML_DEVICE_ARCH_AMPERE)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = device->retired_pages_pending ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred)
+{
+    CHECK_DEV(device);
+    CHECK_PTR(corrRows);
+    CHECK_PTR(uncRows);
+    CHECK_PTR(isPending);
+    CHECK_PTR(failureOccurred);
+    if (device->arch < NVML_DEVICE_ARCH_AMPERE)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = device->remapped_rows_correctable;
+    *uncRows = device->remapped_rows_uncorrectable;
+    *isPending = device->remapped_rows_pending ? 1 : 0;
+    *failureOccurred = device->remapped_rows_failure ? 1 : 0;
+    return NVML_SUCCESS;
 }
 
 /* ---- topology ------------------------------------------------------------------- */

@@ -1,0 +1,54 @@
+# -*- coding: utf-8 -*-
+"""The GPU health gate (module_utils/gpu_health.py) as a filter: which plans may
+start an instance, and which are held back because a GPU they use fails its check.
+
+- `plans | llm_fleet_gpu_gate(gpus, foreign_policy)`: {"serve": [plans],
+  "held": [{"gpu_index", "gpu_uuids", "problems"}], "warnings": ["GPU 0: ..."]};
+  gpus are nvidia_gpu_facts' nvidia_gpus (each with its `health`).
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+import ansible.module_utils
+from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.gpu_health import assess, healthy  # noqa: E402
+
+
+def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse"):
+    by_uuid = dict((g.get("uuid"), g) for g in gpus or [])
+    try:
+        verdicts = dict((uuid, assess(g.get("health"), foreign_policy)) for uuid, g in by_uuid.items())
+    except ValueError as err:
+        raise AnsibleFilterError("llama_server_foreign_gpu_processes: %s" % err)
+    serve, held, warnings = [], [], []
+    for plan in plans or []:
+        uuids = plan.get("gpu_uuids") or [plan.get("gpu_uuid")]
+        problems = []
+        for uuid in uuids:
+            index = (by_uuid.get(uuid) or {}).get("index")
+            for problem in verdicts.get(uuid, []):
+                entry = dict(problem, gpu_index=index, gpu_uuid=uuid)
+                if problem["severity"] == "fail":
+                    problems.append(entry)
+                else:
+                    warnings.append("GPU %s: %s" % (index, problem["message"]))
+        if problems and not healthy(problems):
+            held.append({"gpu_index": plan.get("gpu_index"), "gpu_uuids": uuids, "problems": problems})
+        else:
+            serve.append(plan)
+    return {"serve": serve, "held": held, "warnings": warnings}
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"llm_fleet_gpu_gate": llm_fleet_gpu_gate}

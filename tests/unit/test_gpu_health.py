@@ -1,0 +1,126 @@
+"""GPU health through the real pynvml and the mock NVML (ECC counters, retired pages,
+remapped rows, compute processes), and module_utils/gpu_health.assess's verdicts."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROFILE_DIR, ROOT, run_module
+
+sys.path.insert(0, str(ROOT / "module_utils"))
+import gpu_health  # noqa: E402
+
+V100_32 = PROFILE_DIR / "v100-sxm2-32gb.profile"
+V100_32_UUID = "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4"
+GIB = 1 << 30
+
+
+def facts(env):
+    result = run_module("nvidia_gpu_facts", env=env)
+    assert result["ansible_facts"]["nvidia_nvml_error"] is None, result
+    return result["ansible_facts"]["nvidia_gpus"]
+
+
+def sick_profile(tmp_path, extra, base=V100_32):
+    profile = tmp_path / "sick.profile"
+    profile.write_text(base.read_text() + "\n" + "\n".join(extra) + "\n")
+    return profile
+
+
+def write_state(env, lines):
+    state = Path(env["MOCK_NVML_STATE_DIR"])
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "state").write_text("\n".join(lines) + "\n")
+
+
+def test_a_healthy_v100_reports_zero_counters_and_no_processes(gpu_host):
+    gpu = facts(gpu_host("v100-sxm2-32gb"))[0]
+    assert gpu["health"] == {
+        "ecc_enabled": True,
+        "ecc_errors": {"corrected_volatile": 0, "corrected_aggregate": 0,
+                       "uncorrected_volatile": 0, "uncorrected_aggregate": 0},
+        "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": False},
+        "remapped_rows": None,  # Volta retires pages; row remapping is Ampere's
+        "processes": [],
+    }
+    assert gpu_health.assess(gpu["health"]) == []
+
+
+def test_a_sick_v100_is_read_and_failed(gpu_host, tmp_path):
+    env = gpu_host("v100-sxm2-32gb")
+    env["MOCK_NVML_PROFILE"] = str(sick_profile(tmp_path, [
+        "gpu.retired_pages_sbe=2", "gpu.retired_pages_dbe=1", "gpu.retired_pages_pending=1",
+        "gpu.ecc_uncorrected_aggregate=1", "gpu.ecc_corrected_aggregate=40"]))
+    # A process of another program holds 14 GiB of the card (the seeds' forgotten one).
+    squatter = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        write_state(env, [
+            "%s.ecc_uncorrected_volatile=2" % V100_32_UUID,
+            "%s.ecc_corrected_volatile=5" % V100_32_UUID,
+            "%s.processes=%d:%d,%d:%d" % (V100_32_UUID, squatter.pid, 14 * GIB, gone.pid, 2 * GIB)])
+        gpu = facts(env)[0]
+    finally:
+        squatter.kill()
+        squatter.wait()
+    health = gpu["health"]
+    assert health["ecc_errors"] == {"corrected_volatile": 5, "corrected_aggregate": 45,
+                                    "uncorrected_volatile": 2, "uncorrected_aggregate": 3}
+    assert health["retired_pages"] == {"single_bit": 2, "double_bit": 1, "pending": True}
+    # only the live process: an exited one holds nothing
+    assert health["processes"] == [{"pid": squatter.pid, "name": "sleep", "used_bytes": 14 * GIB}]
+    assert gpu["memory_used_bytes"] == 324009984 + 14 * GIB
+
+    problems = gpu_health.assess(health)
+    assert [p["check"] for p in problems] == ["ecc_uncorrectable", "retired_pages_pending", "foreign_process"]
+    assert all(p["severity"] == "fail" for p in problems)
+    assert "PID %d (sleep) holds 14336 MiB" % squatter.pid in problems[2]["message"]
+    assert not gpu_health.healthy(problems)
+    # by policy, the foreign process is only reported, or not at all
+    assert gpu_health.assess(health, "warn")[-1]["severity"] == "warn"
+    assert "foreign_process" not in [p["check"] for p in gpu_health.assess(health, "ignore")]
+
+
+def test_the_instance_s_own_process_is_not_foreign(gpu_host):
+    health = {"processes": [{"pid": 7, "name": "llama-server", "used_bytes": GIB}]}
+    assert gpu_health.assess(health) == []
+
+
+def test_an_ampere_card_remaps_rows_instead_of_retiring_pages(gpu_host, tmp_path):
+    env = gpu_host("v100-sxm2-32gb")
+    text = V100_32.read_text().replace("gpu.architecture=5", "gpu.architecture=7")
+    profile = tmp_path / "ampere.profile"
+    profile.write_text(text + "\ngpu.remapped_rows_uncorrectable=3\ngpu.remapped_rows_failure=1\n")
+    env["MOCK_NVML_PROFILE"] = str(profile)
+    health = facts(env)[0]["health"]
+    assert health["retired_pages"] is None
+    assert health["remapped_rows"] == {"correctable": 0, "uncorrectable": 3, "pending": False, "failure": True}
+    assert [p["check"] for p in gpu_health.assess(health)] == ["row_remap_failure"]
+
+
+def test_ecc_off_is_reported_and_its_counters_are_unknown(gpu_host, tmp_path):
+    env = gpu_host("v100-sxm2-32gb")
+    env["MOCK_NVML_PROFILE"] = str(sick_profile(tmp_path, ["gpu.ecc_enabled=0"]))
+    health = facts(env)[0]["health"]
+    assert health["ecc_enabled"] is False
+    assert set(health["ecc_errors"].values()) == {None}
+    problems = gpu_health.assess(health)
+    assert [(p["check"], p["severity"]) for p in problems] == [("ecc_disabled", "warn")]
+    assert gpu_health.healthy(problems)
+
+
+@pytest.mark.parametrize("sbe, dbe, checks", [
+    (14, 0, []),
+    (10, 5, [("retired_pages_many", "warn")]),
+    (40, 20, [("retired_pages_limit", "fail")]),
+])
+def test_retired_page_thresholds_are_dcgm_s(sbe, dbe, checks):
+    health = {"retired_pages": {"single_bit": sbe, "double_bit": dbe, "pending": False}}
+    assert [(p["check"], p["severity"]) for p in gpu_health.assess(health)] == checks
+
+
+def test_a_wrong_policy_names_the_choices():
+    with pytest.raises(ValueError, match="refuse, warn, ignore"):
+        gpu_health.assess({}, "plan_around")
