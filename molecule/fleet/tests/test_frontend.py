@@ -49,12 +49,12 @@ def wait_until_up(host, timeout=30):
     pytest.fail("%s: the front's servers are not all up: %s" % (host_name(host), states))
 
 
-def front(host, path, body=None, key=KEY, tls=None):
+def front(host, path, body=None, key=KEY, tls=None, cafile=PEM):
     """What a client on the host gets from the front: (status, JSON body or text), the
-    certificate checked against the served one. tls: also return the handshake."""
+    certificate checked against cafile (the self-signed one). tls: also return the handshake."""
     script = (
         "import hashlib,http.client,json,ssl,sys\n"
-        "ctx=ssl.create_default_context(cafile=%r)\n"
+        "ctx=ssl.create_default_context(cafile=sys.argv[4])\n"
         "c=http.client.HTTPSConnection('127.0.0.1',8443,context=ctx,timeout=120)\n"
         "h={'Content-Type':'application/json'}\n"
         "if sys.argv[3]: h['Authorization']='Bearer '+sys.argv[3]\n"
@@ -65,11 +65,10 @@ def front(host, path, body=None, key=KEY, tls=None):
         "r=c.getresponse();text=r.read().decode()\n"
         "try: text=json.loads(text)\n"
         "except ValueError: pass\n"
-        "print(json.dumps([r.status,text,tls]))\n"
-        % PEM)
-    out = host.check_output("python3 -c %s %s %s %s" % (shlex.quote(script), shlex.quote(path),
-                                                          shlex.quote(json.dumps(body) if body else ""),
-                                                          shlex.quote(key or "")))
+        "print(json.dumps([r.status,text,tls]))\n")
+    out = host.check_output("python3 -c %s %s %s %s %s" % (shlex.quote(script), shlex.quote(path),
+                                                             shlex.quote(json.dumps(body) if body else ""),
+                                                             shlex.quote(key or ""), shlex.quote(cafile)))
     status, text, handshake = json.loads(out)
     return (status, text, handshake) if tls else (status, text)
 
@@ -138,6 +137,57 @@ def test_clients_need_the_key_on_every_path():
     assert front(host, "/metrics")[0] == 200
     status, text = front(host, "/v1/chat/completions", CHAT)
     assert status == 200 and text["choices"][0]["message"]["content"], text
+
+
+def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_nothing(tmp_path):
+    """An operator's certificate (issued by their CA, chain included) replaces the
+    self-signed one; a key of another certificate is refused before any change; without
+    it in the inventory the self-signed certificate (kept, same fingerprint) serves again."""
+    host = node(ONE_GPU)
+    self_signed = front(host, "/health", tls=True)[2]["sha256"]
+    ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    host.check_output(
+        "set -e; rm -rf /root/ca && mkdir /root/ca && cd /root/ca\n"
+        "openssl req -x509 %s -days 2 -subj /CN=test-ca -keyout ca.key -out ca.crt 2>/dev/null\n"
+        "openssl req %s -subj /CN=%s -keyout host.key -out host.csr 2>/dev/null\n"
+        "openssl req %s -subj /CN=other -keyout other.key -out other.csr 2>/dev/null\n"
+        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext\n"
+        "openssl x509 -req -in host.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile ext -out host.crt "
+        "2>/dev/null" % (ec, ec, ONE_GPU, ec))
+    read = host.file
+    chain = read("/root/ca/host.crt").content_string + read("/root/ca/ca.crt").content_string
+    issued = host.check_output("openssl x509 -in /root/ca/host.crt -outform der | sha256sum | cut -d' ' -f1")
+
+    wrong = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path, extra_vars={
+        "frontend_tls_certificate": chain, "frontend_tls_private_key": read("/root/ca/other.key").content_string})
+    assert wrong.returncode != 0
+    assert "are not a PEM certificate and the PEM private key of that certificate" in " ".join(wrong.stdout.split())
+    assert "PRIVATE KEY" not in wrong.stdout
+    assert front(host, "/health", tls=True)[2]["sha256"] == self_signed
+
+    result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path, extra_vars={
+        "frontend_tls_certificate": chain, "frontend_tls_private_key": read("/root/ca/host.key").content_string})
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "PRIVATE KEY" not in result.stdout
+    status, _, handshake = front(host, "/health", tls=True, cafile="/root/ca/ca.crt")
+    assert status == 200 and handshake["sha256"] == issued
+    fact = stage_fact(host, "frontend")
+    assert fact["certificate"]["kind"] == "issued" and fact["certificate"]["sha256"].replace(":", "").lower() == issued
+
+    fleet_config = tmp_path / "fleet-frontend.cfg"
+    back = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path,
+                        extra_vars={"frontend_fleet_config": str(fleet_config)})
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert front(host, "/health", tls=True)[2]["sha256"] == self_signed
+    assert not host.file("/etc/haproxy/llm-fleet/issued.pem").exists
+
+    # the fleet-level front written on the controller is a configuration HAProxy accepts
+    text = fleet_config.read_text()
+    assert "server %s %s:8443 check ssl verify none sni str(%s)" % (ONE_GPU, ONE_GPU, ONE_GPU) in text
+    assert KEY not in text
+    subprocess.run(["docker", "cp", str(fleet_config), ONE_GPU + ":/root/fleet-frontend.cfg"], check=True)
+    checked = host.run("FLEET_API_KEY=k haproxy -c -f /root/fleet-frontend.cfg")
+    assert checked.rc == 0, checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize("settings,message", [
