@@ -22,6 +22,8 @@ SCHEMA_VERSION = 1
 STAGE_KEYS = {
     "nvidia_stack": ("driver_version", "cuda_version", "nccl_version", "gpus", "compute_capabilities"),
     "gpu_tuning": ("settings",),
+    # where Prometheus scrapes the GPUs (dcgm-exporter's names) and who may
+    "gpu_exporter": ("url", "allow"),
     "llama_cpp": ("build_key", "commit", "backend", "cuda_version", "cuda_architectures", "targets", "install_dir",
                   "bin_dir", "server", "server_flags"),
     "model": ("plans",),

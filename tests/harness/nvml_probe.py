@@ -39,6 +39,9 @@ def probe():
                 "uuid": text(pynvml.nvmlDeviceGetUUID(handle)),
                 "pci_bus_id": text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
                 "memory_total_bytes": mem.total,
+                "memory_used_bytes": mem.used,
+                # without the driver's reservation (R510+), as nvidia-smi shows it
+                "memory_used_v2_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2).used,
                 "compute_capability": "%d.%d" % (major, minor),
                 "memory_bus_width_bits": pynvml.nvmlDeviceGetMemoryBusWidth(handle),
                 "max_mem_clock_mhz": mem_clock,

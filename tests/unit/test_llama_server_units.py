@@ -78,6 +78,11 @@ def _vars(version, **over):
         "gpu_tuning_target": "llm-fleet-gpu.target", "gpu_tuning_config_path": "/etc/llm-fleet/gpu-tuning.json",
         "gpu_tuning_tool": "/opt/llm-fleet/bin/gpu-tuning-apply", "gpu_tuning_nvml_wait_seconds": 60,
         "fleet_common_python": "/opt/llm-fleet/venv/bin/python",
+        # gpu_exporter
+        "gpu_exporter_listen": "0.0.0.0:9400", "gpu_exporter_allow": ["10.0.0.5/32", "fd00::/64"],
+        "gpu_exporter_dir": "/opt/llm-fleet/gpu-exporter", "gpu_exporter_user": "llm-gpu-exporter",
+        "gpu_exporter_foreign_gpu_processes": "refuse", "inventory_hostname": "gpu-a01",
+        "ansible_facts": {"nvidia_gpus": [{"minor_number": 0}, {"minor_number": 3}]},
     }
     base.update(over)
     return base

@@ -3,12 +3,16 @@ and llama_server stages as an operator would: the policy asks for one instance
 over the cards (prefer_split, layer split: a tensor split needs real GPUs, and the
 simulated ones compute nothing, so the CPU serves), then the default policy brings
 back one instance per GPU. What the CPU backend can show is checked: the plan, the
-flags, the GPUs the unit sees and may open, the placement, and that it answers."""
+flags, the GPUs the unit sees and may open, the placement, and that it answers.
+First, the GPU health gate on the same host: a sick second card keeps its instance
+off (the split deploy is then the run after it is healthy again)."""
 import os
+import shlex
 
 import pytest
 
 from hostprobe import node, only_in_scenario, run_playbook, stage_fact
+from test_gpu_health import scrape
 from test_llama_server import TWO_GPUS, cmdline, flag, http, main_pid
 
 pytestmark = only_in_scenario("fleet")
@@ -30,6 +34,69 @@ def deploy(tmp_path, extra_vars=None, stages=STAGES):
     return result
 
 
+STATE = "/run/mock-nvml/state"
+GIB = 1 << 30
+
+
+def set_gpu_state(host, lines):
+    """Append keys to the mock's volatile GPU state under its lock (NVML writers share it)."""
+    text = "".join("%s\n" % line for line in lines)
+    host.run_expect([0], "mkdir -p /run/mock-nvml && flock /run/mock-nvml/.lock sh -c %s"
+                    % shlex.quote("printf %%s %s >> %s" % (shlex.quote(text), STATE)))
+
+
+def drop_gpu_state(host, uuid, names):
+    """Remove those keys of one card (the rest of its state, persistence and clocks, stays)."""
+    pattern = "\\|".join("%s\\.%s=" % (uuid, name) for name in names)
+    host.run_expect([0], "flock /run/mock-nvml/.lock sed -i '/^\\(%s\\)/d' %s" % (pattern, STATE))
+
+
+def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
+    """The GPU health gate (issue 16): the second card gets an uncorrectable ECC error and a
+    process of another program holding 14 GiB (the mock NVML's volatile state, as the real
+    driver reports them); the llama_server stage drains and stops that card's instance, keeps
+    the other serving, says why, and the GPU exporter shows the same. Then the card is reset
+    (counters cleared) and the process gone: the split deploy below is the next run, and its
+    instance must use both cards again (first test of this file for CI time: one run less)."""
+    host = node(TWO_GPUS)
+    plans = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])
+    assert [p["gpu_index"] for p in plans] == [0, 1]
+    sick = plans[1]["gpu_uuid"]
+    squatter = int(host.check_output("nohup sleep 900 >/dev/null 2>&1 & echo $!"))
+    try:
+        set_gpu_state(host, ["%s.ecc_uncorrected_volatile=2" % sick,
+                             "%s.processes=%d:%d" % (sick, squatter, 14 * GIB)])
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:]
+        out = " ".join(result.stdout.split())
+        assert "2 uncorrectable ECC error(s) since boot" in out
+        assert "PID %d (sleep) holds 14336 MiB of GPU memory" % squatter in out
+        assert "Drain from the front (requests in flight finish) the instance of GPU 1" in out
+
+        # the sick card's instance is stopped and stays off at boot; the healthy one serves
+        assert not host.service("llama-server@1.service").is_running
+        assert not host.service("llama-server@1.service").is_enabled
+        assert not host.socket("tcp://127.0.0.1:8081").is_listening
+        assert http(host, 8080, "/health")[0] == 200
+        fact = stage_fact(host, "llama_server")
+        assert [i["gpu_index"] for i in fact["instances"]] == [0]
+        assert [(h["gpu_index"], [p["check"] for p in h["problems"]]) for h in fact["held"]] == \
+            [(1, ["ecc_uncorrectable", "foreign_process"])]
+        assert "GPU 1 HELD: ecc_uncorrectable, foreign_process" in fact["summary"]
+        # the exporter sees the same card (read at each scrape)
+        metrics = scrape(host)
+        assert metrics["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]["1"][1] == 2
+        assert metrics["llm_fleet_gpu_healthy"]["1"][1] == 0 and metrics["llm_fleet_gpu_healthy"]["0"][1] == 1
+        labels, held = metrics["llm_fleet_gpu_process_memory_bytes"]["1"]
+        assert (labels["pid"], labels["process"], held) == (str(squatter), "sleep", 14 * GIB)
+    finally:
+        host.run("kill %d" % squatter)
+        # what `nvidia-smi -r` (a GPU reset) does to the volatile counts; the process is gone
+        drop_gpu_state(host, sick, ["ecc_uncorrected_volatile", "processes"])
+    assert "%s.ecc_uncorrected_volatile" % sick not in host.file(STATE).content_string
+    assert "%s.persistence_mode=1" % sick in host.file(STATE).content_string  # what gpu_tuning set stays
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     deploy(tmp_path_factory.mktemp("split"), {"llm_model_policy": SPLIT_POLICY}, STAGES + ("playbooks/verify.yml",))
@@ -48,8 +115,11 @@ def test_the_plan_is_one_instance_over_both_cards(host):
     assert all(s["total_bytes"] <= s["gpu_total_bytes"] for s in shares)
     # as llama.cpp assigns them: both layers of the tiny model on the first card, the output on the second
     assert all(s["weights_bytes"] > 0 for s in shares)
-    instance, = stage_fact(host, "llama_server")["instances"]
+    fact = stage_fact(host, "llama_server")
+    instance, = fact["instances"]
     assert instance["gpu_indices"] == [0, 1] and instance["split_mode"] == "layer"
+    # the second card, sick in the first test, passes its health check again
+    assert fact["held"] == []
 
 
 def test_it_runs_with_the_split_flags_and_sees_both_cards(host):

@@ -12,7 +12,8 @@ pytestmark = only_in_scenario("fleet")
 PROJECT_PATHS = ["/opt/llm-fleet", "/etc/llm-fleet", "/var/lib/llm-fleet", "/var/cache/llm-fleet",
                  "/etc/systemd/system/llama-server@.service", "/etc/systemd/system/gpu-tuning.service",
                  "/etc/systemd/system/llm-fleet-gpu.target", "/etc/apt/preferences.d/nvidia-stack.pref",
-                 "/etc/apt/apt.conf.d/51nvidia-stack-unattended", "/etc/haproxy"]
+                 "/etc/apt/apt.conf.d/51nvidia-stack-unattended", "/etc/haproxy",
+                 "/etc/systemd/system/llm-fleet-gpu-exporter.service"]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +31,12 @@ def test_nothing_of_the_deployment_is_left(removed):
     left = [path for path in PROJECT_PATHS if host.file(path).exists]
     assert left == []
     assert host.run("ls /etc/ansible/facts.d/llm_fleet_*.fact").rc != 0, "a stage's fact is left"
-    units = host.run("systemctl list-units --all --no-legend --plain 'llama-server@*' gpu-tuning.service").stdout
+    units = host.run("systemctl list-units --all --no-legend --plain 'llama-server@*' gpu-tuning.service "
+                     "llm-fleet-gpu-exporter.service").stdout
     assert units.strip() == ""
     assert not host.user("llama").exists and not host.group("llama").exists
-    for port in (8080, 8443):
+    assert not host.user("llm-gpu-exporter").exists
+    for port in (8080, 8443, 9400):
         listening = host.run("python3 -c \"import socket; socket.create_connection(('127.0.0.1', %d), 2)\"" % port)
         assert listening.rc != 0, "something still listens on %d" % port
     assert not host.package("haproxy").is_installed
@@ -60,3 +63,4 @@ def test_site_yml_deploys_the_host_again(removed, tmp_path):
                           ".status)\"" % instance["port"])
         assert health.stdout.strip() == "200"
     assert host.service("haproxy").is_running
+    assert host.service("llm-fleet-gpu-exporter").is_running

@@ -1458,6 +1458,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, unsigned 
     return NVML_SUCCESS;
 }
 
+/* nvmlClocksThrottleReasonGpuIdle (0x1) while no compute process holds the card, none
+ * otherwise: what an unloaded datacenter card at its default clocks reports. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    unsigned long long held;
+    CHECK_DEV(device);
+    CHECK_PTR(reasons);
+    *reasons = card_processes(device, NULL, 0, &held) ? 0ULL : 0x1ULL;
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, unsigned int *pState)
 {
     return nvmlDeviceGetPerformanceState(device, pState);
@@ -1621,6 +1632,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
     if (link >= device->nvlink_link_count)
         return NVML_ERROR_INVALID_ARGUMENT;
     *isActive = (unsigned int)nvlink_peer(device, link, &peer);
+    return NVML_SUCCESS;
+}
+
+/* Error counters of an active link ("<uuid>.nvlink_errors=REPLAY,RECOVERY,CRC_FLIT,CRC_DATA"
+ * in the volatile state, the same on every link; 0 when unset), as a healthy link reports. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, int counter,
+                                                    unsigned long long *counterValue)
+{
+    const struct pci_addr *peer;
+    struct kvlist st = {0};
+    unsigned long long v[5] = {0, 0, 0, 0, 0};
+    const char *s;
+    CHECK_DEV(device);
+    CHECK_PTR(counterValue);
+    if (!device->nvlink_link_count)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= device->nvlink_link_count || counter < 0 || counter > 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!nvlink_peer(device, link, &peer))
+        return NVML_ERROR_NOT_SUPPORTED; /* an inactive link has no counters */
+    state_read(&st);
+    s = state_get(&st, device, "nvlink_errors");
+    if (s)
+        sscanf(s, "%llu,%llu,%llu,%llu,%llu", &v[0], &v[1], &v[2], &v[3], &v[4]);
+    kv_free(&st);
+    *counterValue = v[counter];
     return NVML_SUCCESS;
 }
 
