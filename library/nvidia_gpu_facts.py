@@ -16,7 +16,13 @@ description:
     the module does not fail; it returns C(nvidia_gpus=[]) and the reason, so a role
     can decide what to do (install the driver, reboot).
   - Runs with the Python that has C(nvidia-ml-py); the roles use the project's host venv.
-options: {}
+  - Each GPU's C(health) carries the Xids since boot that the GPU exporter heard (its
+    journal, O(xid_journal)); C(xid_events=null) when no exporter listens.
+options:
+  xid_journal:
+    description: Where the GPU exporter appends the Xid events it hears (cleared at reboot).
+    type: path
+    default: /run/llm-fleet-gpu-exporter/xid-events.jsonl
 requirements:
   - nvidia-ml-py (pynvml)
 notes:
@@ -90,11 +96,13 @@ except ImportError:
 else:
     PYNVML_IMPORT_ERROR = None
 
+from ansible.module_utils.gpu_health import XID_JOURNAL
 from ansible.module_utils.nvidia_gpu import NvmlUnavailable, error_name, read_host
 
 
 def main():
-    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec={"xid_journal": {"type": "path", "default": XID_JOURNAL}},
+                           supports_check_mode=True)
     if pynvml is None:
         module.fail_json(
             msg=missing_required_lib(
@@ -110,7 +118,7 @@ def main():
         "nvidia_nvml_error_code": None,
     }
     try:
-        host = read_host(pynvml)
+        host = read_host(pynvml, module.params["xid_journal"])
     except NvmlUnavailable as err:
         facts["nvidia_nvml_error"] = err.message
         facts["nvidia_nvml_error_code"] = error_name(err.code)

@@ -16,12 +16,15 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import socket
+import sys
+import time
 
 try:  # inside an Ansible module, or the installed service next to its siblings
-    from ansible.module_utils.gpu_health import assess, read_health
+    from ansible.module_utils.gpu_health import XID_JOURNAL, assess, read_health, read_xid_journal
 except ImportError:
-    from gpu_health import assess, read_health
+    from gpu_health import XID_JOURNAL, assess, read_health, read_xid_journal
 
 MIB = 1048576
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
@@ -58,7 +61,7 @@ def read_requested(path):
     return dict((s.get("uuid"), s) for s in settings if s.get("uuid"))
 
 
-def sample_gpu(nvml, index):
+def sample_gpu(nvml, index, xid_events=None):
     """One GPU's figures: {field: value}; a figure the card does not report is left out."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     minor = _call(nvml, nvml.nvmlDeviceGetMinorNumber, handle)
@@ -85,7 +88,7 @@ def sample_gpu(nvml, index):
         "DCGM_FI_DEV_MEM_COPY_UTIL": util.memory if util is not None else None,
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": reasons,
     }
-    health = read_health(nvml, handle)
+    health = read_health(nvml, handle, xid_events=xid_events)
     ecc = health["ecc_errors"]
     values.update({
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ecc["corrected_volatile"],
@@ -111,6 +114,8 @@ def sample_gpu(nvml, index):
             if value is not None:
                 total, seen = total + int(value), True
         values[field] = total if seen else None
+    if health["xid_events"] is not None:  # dcgm-exporter's: the last Xid (since boot here), 0 for none
+        values["DCGM_FI_DEV_XID_ERRORS"] = health["xid_events"][-1]["xid"] if health["xid_events"] else 0
     return {
         "labels": {
             "gpu": str(index),
@@ -146,13 +151,15 @@ HELP = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Rows remapped for correctable errors.",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Rows remapped for uncorrectable errors.",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "1 when a row remapping failed.",
+    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered (since boot; 0: none).",
 }
 HELP.update((field, help_) for _, field, help_ in NVLINK_ERRORS)
 
 
-def collect(nvml, hostname, requested=None, foreign_policy="refuse"):
+def collect(nvml, hostname, requested=None, foreign_policy="refuse", xid_events=None):
     """Every metric family of one scrape, as (name, help, [(labels, value)]) tuples
-    (NVML already initialised). Raises nvml.NVMLError when NVML stops answering."""
+    (NVML already initialised; xid_events: the Xid journal read back). Raises
+    nvml.NVMLError when NVML stops answering."""
     requested = requested or {}
     families = {}
 
@@ -160,7 +167,7 @@ def collect(nvml, hostname, requested=None, foreign_policy="refuse"):
         families.setdefault(name, (help_, []))[1].append((labels, value))
 
     for index in range(nvml.nvmlDeviceGetCount()):
-        gpu = sample_gpu(nvml, index)
+        gpu = sample_gpu(nvml, index, xid_events)
         labels = dict(gpu["labels"], Hostname=hostname)
         for field, value in sorted(gpu["values"].items()):
             add(field, HELP[field], labels, value)
@@ -188,9 +195,10 @@ class NvmlCollector(object):
     """A prometheus_client collector: NVML initialised once, again after it failed
     (a driver upgrade without reboot answers LIB_RM_VERSION_MISMATCH until the reboot)."""
 
-    def __init__(self, nvml, hostname, requested_path, foreign_policy="refuse"):
+    def __init__(self, nvml, hostname, requested_path, foreign_policy="refuse", xid_journal=None, xid_status=None):
         self.nvml, self.hostname, self.requested_path = nvml, hostname, requested_path
-        self.foreign_policy = foreign_policy
+        self.foreign_policy, self.xid_journal = foreign_policy, xid_journal
+        self.xid_status = xid_status if xid_status is not None else {}
         self.ready = False
 
     def collect(self):
@@ -201,7 +209,11 @@ class NvmlCollector(object):
             if not self.ready:
                 self.nvml.nvmlInit()
                 self.ready = True
-            families = collect(self.nvml, self.hostname, read_requested(self.requested_path), self.foreign_policy)
+            xids = read_xid_journal(self.xid_journal) if self.xid_journal else None
+            if xids is None and self.xid_status.get("listening"):
+                xids = {}  # listening, no Xid yet
+            families = collect(self.nvml, self.hostname, read_requested(self.requested_path), self.foreign_policy,
+                               xids)
         except self.nvml.NVMLError as err:
             error = str(err)
             if self.ready:
@@ -214,11 +226,78 @@ class NvmlCollector(object):
                                labels=["Hostname", "error"])
         up.add_metric([self.hostname, error or ""], 0 if error else 1)
         yield up
+        listening = GaugeMetricFamily("llm_fleet_gpu_exporter_xid_listening",
+                                      "1 when the exporter hears the GPUs' Xid events (NVML's event API).",
+                                      labels=["Hostname"])
+        listening.add_metric([self.hostname], 1 if self.xid_status.get("listening") else 0)
+        yield listening
         for name, help_, samples in families:
             family = GaugeMetricFamily(name, help_, labels=sorted(samples[0][0]))
             for labels, value in samples:
                 family.add_metric([labels[k] for k in sorted(labels)], value)
             yield family
+
+
+XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
+
+
+def record_xid(path, uuid, xid, when=None):
+    """Append one Xid to the journal the health gate reads (one JSON line, flushed)."""
+    line = json.dumps({"time": when if when is not None else time.time(), "uuid": uuid, "xid": int(xid)})
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def listen_for_xids(nvml, journal, stop=None, wait_ms=5000, retry_s=10.0, log=None, status=None):
+    """NVML's event API, as dcgm-exporter's XID field: every critical Xid of every GPU is
+    appended to the journal as it happens (NVML keeps none for later). Runs until stop
+    (a threading.Event) is set; when NVML fails (a driver reload), starts over after
+    retry_s. A GPU that cannot report events is named once and skipped. status["listening"]
+    says whether it is registered now (the exporter reports it)."""
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    status = status if status is not None else {}
+    while stop is None or not stop.is_set():
+        event_set = None
+        try:
+            nvml.nvmlInit()
+            try:
+                event_set = nvml.nvmlEventSetCreate()
+                watched = 0
+                for index in range(nvml.nvmlDeviceGetCount()):
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    try:
+                        nvml.nvmlDeviceRegisterEvents(handle, XID_CRITICAL, event_set)
+                        watched += 1
+                    except nvml.NVMLError as err:
+                        log("GPU %d cannot report Xid events (%s): its Xids are not seen here" % (index, err))
+                log("listening for Xid events on %d GPU(s); journal %s" % (watched, journal))
+                status["listening"] = watched > 0
+                while stop is None or not stop.is_set():
+                    try:
+                        data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
+                    except nvml.NVMLError as err:
+                        if getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_TIMEOUT", 10):
+                            continue
+                        raise
+                    uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+                    record_xid(journal, uuid, data.eventData)
+                    log("Xid %d on GPU %s" % (data.eventData, uuid))
+            finally:
+                status["listening"] = False
+                if event_set is not None:
+                    try:
+                        nvml.nvmlEventSetFree(event_set)
+                    except nvml.NVMLError:
+                        pass
+                nvml.nvmlShutdown()
+        except nvml.NVMLError as err:
+            log("Xid listener: NVML failed (%s); again in %.0f s" % (err, retry_s))
+            if stop is not None:
+                stop.wait(retry_s)
+            else:
+                time.sleep(retry_s)
 
 
 def allow_list_app(app, networks):
@@ -264,11 +343,20 @@ def main(argv=None):
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--requested", default="/etc/ansible/facts.d/llm_fleet_gpu_tuning.fact")
     parser.add_argument("--foreign-processes", default="refuse", choices=("refuse", "warn", "ignore"))
+    parser.add_argument("--xid-journal", default=XID_JOURNAL,
+                        help="where heard Xids are appended (the health gate reads it; keep it on a tmpfs "
+                             "so that a reboot clears it); '' to not listen")
     args = parser.parse_args(argv)
     host, port = parse_listen(args.listen)
     networks = [ipaddress.ip_network(n, strict=False) for n in ["127.0.0.0/8", "::1/128"] + args.allow]
 
-    REGISTRY.register(NvmlCollector(pynvml, args.hostname, args.requested, args.foreign_processes))
+    xid_status = {}
+    REGISTRY.register(NvmlCollector(pynvml, args.hostname, args.requested, args.foreign_processes,
+                                    args.xid_journal or None, xid_status))
+    if args.xid_journal:
+        import threading
+        threading.Thread(target=listen_for_xids, args=(pynvml, args.xid_journal), kwargs={"status": xid_status},
+                         name="xid", daemon=True).start()
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True

@@ -12,12 +12,18 @@ boot, a page waiting for retirement (Volta/Turing) or a row remap pending or fai
 (Ampere and later) all mean the card's memory cannot be trusted until a reset or
 reboot (or, for a failed remap, an RMA).
 
-Xid events are not here: NVML reports them only to a process listening when they
-happen (its event API); the kernel log is where they stay (`journalctl -k | grep Xid`).
+Xid events: NVML reports them only to a process listening when they happen (its
+event API). The GPU exporter (module_utils/gpu_exporter.py) listens and appends each
+to XID_JOURNAL, under /run so that a reboot clears it, as it clears the condition;
+read_xid_journal reads it back for the gate. Without the exporter running, Xids are
+not seen here (the kernel log still has them: `journalctl -k | grep Xid`).
 """
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
+
+import json
+import time
 
 MAX_RETIRED_PAGES = 60  # DCGM_LIMIT_MAX_RETIRED_PAGES
 RETIRED_PAGES_WARN = 15  # DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT
@@ -28,6 +34,23 @@ _VOLATILE, _AGGREGATE = 0, 1
 _CAUSE_SBE, _CAUSE_DBE = 0, 1
 
 FOREIGN_POLICIES = ("refuse", "warn", "ignore")
+
+XID_JOURNAL = "/run/llm-fleet-gpu-exporter/xid-events.jsonl"
+# The Xids that mean the card (not the program) failed, from NVIDIA's Xid catalog
+# (docs.nvidia.com/deploy/xid-errors): the instance stays off until a reboot clears them.
+# Any other Xid (13, 31, 43: an application's fault) is reported as a warning.
+SERIOUS_XIDS = {
+    48: "a double-bit ECC error",
+    63: "an ECC page retirement or row remapping event",
+    64: "an ECC page retirement or row remapping failure",
+    74: "an NVLink error",
+    79: "the GPU has fallen off the bus",
+    92: "a high single-bit ECC error rate",
+    94: "a contained ECC error",
+    95: "an uncontained ECC error",
+    119: "a GSP RPC timeout",
+    120: "a GSP error",
+}
 
 
 def _call(nvml, func, *args):
@@ -46,10 +69,29 @@ def _process_name(pid, proc_root="/proc"):
         return None
 
 
-def read_health(nvml, handle, proc_root="/proc"):
-    """ECC mode and counters, retired pages, remapped rows and the compute processes
-    of one GPU. A figure the card does not report is None (a V100 retires pages, an
-    A100 or H100 remaps rows; neither does both)."""
+def read_xid_journal(path=XID_JOURNAL):
+    """{uuid: [{"time": epoch seconds, "xid": N}, ...]} of the Xids the exporter heard since
+    boot; None when nothing listens (no journal): unknown, not "no Xid"."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except (IOError, OSError):
+        return None
+    events = {}
+    for line in lines:
+        try:
+            event = json.loads(line)
+            events.setdefault(str(event["uuid"]), []).append({"time": float(event["time"]), "xid": int(event["xid"])})
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash mid-write
+    return events
+
+
+def read_health(nvml, handle, proc_root="/proc", xid_events=None):
+    """ECC mode and counters, retired pages, remapped rows, the compute processes and
+    the Xids since boot (xid_events: read_xid_journal's answer) of one GPU. A figure the
+    card does not report is None (a V100 retires pages, an A100 or H100 remaps rows;
+    neither does both)."""
     mode = _call(nvml, nvml.nvmlDeviceGetEccMode, handle)
     ecc_enabled = bool(mode[0]) if mode is not None else None
     ecc = {}
@@ -85,7 +127,13 @@ def read_health(nvml, handle, proc_root="/proc"):
             "failure": bool(rows[3]),
         },
         "processes": sorted(processes, key=lambda p: p["pid"]),
+        "xid_events": None if xid_events is None else
+        xid_events.get(_text(_call(nvml, nvml.nvmlDeviceGetUUID, handle)), []),
     }
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _mib(value):
@@ -145,6 +193,17 @@ def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
         elif rows.get("pending"):
             add("row_remap_pending", "fail",
                 "a row remap is pending (after an uncorrectable error): reset the GPU or reboot")
+
+    for event in health.get("xid_events") or []:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(event["time"]))
+        meaning = SERIOUS_XIDS.get(event["xid"])
+        if meaning:
+            add("xid", "fail", "Xid %d (%s) at %s: reboot the host (or reset the GPU and delete its lines "
+                "from %s); if it comes back, the card is due for replacement" % (event["xid"], meaning, when,
+                                                                                XID_JOURNAL))
+        else:
+            add("xid_other", "warn", "Xid %d at %s: an application's or the driver's fault, not the card's "
+                "(NVIDIA's Xid catalog says which)" % (event["xid"], when))
 
     if foreign_policy != "ignore":
         for proc in foreign_processes(health, own_names):

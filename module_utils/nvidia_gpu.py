@@ -8,7 +8,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible.module_utils.gpu_health import read_health
+from ansible.module_utils.gpu_health import read_health, read_xid_journal
 
 # NVML enum values used below (stable across NVML versions).
 NVML_CLOCK_GRAPHICS = 0
@@ -80,8 +80,9 @@ def _nvlink_peers(nvml, handle):
     return sorted(set(peers))
 
 
-def read_gpu(nvml, index, cpu_words=4):
-    """One GPU as a plain dict of JSON-friendly values."""
+def read_gpu(nvml, index, cpu_words=4, xid_events=None):
+    """One GPU as a plain dict of JSON-friendly values (xid_events: the exporter's
+    journal, gpu_health.read_xid_journal)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     # The v2 call reports the driver's reservation apart (R510+); older drivers lack it.
@@ -125,24 +126,26 @@ def read_gpu(nvml, index, cpu_words=4):
         "numa_node": numa_node if numa_node is not None and numa_node >= 0 else None,
         "cpu_affinity": cpu_list_from_mask(affinity),
         "nvlink_peers": _nvlink_peers(nvml, handle),
-        # ECC, retired pages / remapped rows, compute processes (gpu_health.assess judges them)
-        "health": read_health(nvml, handle),
+        # ECC, retired pages / remapped rows, compute processes, Xids (gpu_health.assess judges them)
+        "health": read_health(nvml, handle, xid_events=xid_events),
     }
 
 
-def read_host(nvml):
+def read_host(nvml, xid_journal=None):
     """All GPUs and the driver of this host. Raises NvmlUnavailable when NVML
-    cannot answer, with NVML's own reason."""
+    cannot answer, with NVML's own reason. xid_journal: where the GPU exporter keeps
+    the Xids it heard (gpu_health.XID_JOURNAL; None: not read)."""
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as err:
         raise NvmlUnavailable(getattr(err, "value", None), "NVML could not start: %s" % err)
+    xid_events = read_xid_journal(xid_journal) if xid_journal else None
     try:
         cuda = _optional(nvml, nvml.nvmlSystemGetCudaDriverVersion)
         host = {
             "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
             "cuda_driver_version": "%d.%d" % (cuda // 1000, cuda % 1000 // 10) if cuda else None,
-            "gpus": [read_gpu(nvml, i) for i in range(nvml.nvmlDeviceGetCount())],
+            "gpus": [read_gpu(nvml, i, xid_events=xid_events) for i in range(nvml.nvmlDeviceGetCount())],
         }
     except nvml.NVMLError as err:
         raise NvmlUnavailable(getattr(err, "value", None), "NVML failed while reading the GPUs: %s" % err)

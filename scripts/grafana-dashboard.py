@@ -61,10 +61,14 @@ ROWS = [
           ("DCGM_FI_DEV_RETIRED_SBE" + GPU, GPU_LEGEND + " retired SBE"),
           ("DCGM_FI_DEV_RETIRED_PENDING" + GPU, GPU_LEGEND + " pending"),
           ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS" + GPU, GPU_LEGEND + " remapped (uncorr.)")], "timeseries"),
+        ("Last Xid since boot (0: none)", "short",
+         [("DCGM_FI_DEV_XID_ERRORS" + GPU, GPU_LEGEND)], "timeseries"),
         ("GPU memory held per process", "bytes",
          [("llm_fleet_gpu_process_memory_bytes" + GPU, GPU_LEGEND + " {{process}} ({{pid}})")], "timeseries"),
         ("Exporter reads NVML", "short",
          [("min(llm_fleet_gpu_exporter_nvml_up%s)" % GPU, "NVML up")], "stat"),
+        ("Exporter hears Xid events", "short",
+         [("min(llm_fleet_gpu_exporter_xid_listening%s)" % GPU, "listening")], "stat"),
     ]),
 ]
 

@@ -159,12 +159,16 @@ python3 -c 'import json,re,sys; t=open(sys.argv[1]).read(); d=json.loads(t[t.ind
 stamp "gpu_exporter --check --diff, then the exporter itself"
 playbook playbooks/gpu_exporter.yml --check --diff > "$OUT/stage-gpu_exporter-check.log" 2>&1; echo "gpu_exporter(check) rc=$?" | tee -a "$OUT/rc.txt"
 mkdir -p "$WORK/gpu-exporter" && cp module_utils/gpu_exporter.py module_utils/gpu_health.py "$WORK/gpu-exporter/"
-/opt/llm-fleet/venv/bin/python "$WORK/gpu-exporter/gpu_exporter.py" --listen 127.0.0.1:9400 --hostname gpu-host > "$OUT/gpu-exporter.log" 2>&1 &
+# Its Xid listener registers for the real card's events (NVML's event API): the metric
+# llm_fleet_gpu_exporter_xid_listening says whether the driver took the registration.
+/opt/llm-fleet/venv/bin/python "$WORK/gpu-exporter/gpu_exporter.py" --listen 127.0.0.1:9400 --hostname gpu-host \
+  --xid-journal "$WORK/gpu-exporter/xid-events.jsonl" > "$OUT/gpu-exporter.log" 2>&1 &
 EXPORTER_PID=$!
 for _ in $(seq 1 50); do python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:9400/metrics", timeout=2)' 2>/dev/null && break; sleep 0.2; done
+for _ in $(seq 1 50); do python3 -c 'import urllib.request as u, sys; sys.exit(b"xid_listening{Hostname=\"gpu-host\"} 1.0" not in u.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read())' 2>/dev/null && break; sleep 0.2; done
 python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9400/metrics").read().decode(), end="")' > "$OUT/gpu-exporter-metrics.txt" 2>&1
 kill "$EXPORTER_PID" 2>/dev/null
-grep -E '^(DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_SM_CLOCK|llm_fleet_gpu_healthy|llm_fleet_gpu_exporter_nvml_up|llm_fleet_gpu_process_memory_bytes)' "$OUT/gpu-exporter-metrics.txt"
+grep -E '^(DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_SM_CLOCK|DCGM_FI_DEV_XID_ERRORS|llm_fleet_gpu_healthy|llm_fleet_gpu_exporter_nvml_up|llm_fleet_gpu_exporter_xid_listening|llm_fleet_gpu_process_memory_bytes)' "$OUT/gpu-exporter-metrics.txt"
 nvidia-smi --query-gpu=memory.used,power.draw,clocks.sm --format=csv >> "$OUT/gpu-exporter-metrics-nvidia-smi.csv" 2>&1
 # --- verify, the role itself, against the running server ----------------------------
 # No systemd here, so the llama_server stage recorded no instance: the instance the

@@ -40,7 +40,8 @@ def exporter(gpu_host, tmp_path):
     def start(*args):
         port = free_port()
         proc = subprocess.Popen([sys.executable, str(app / "gpu_exporter.py"), "--listen", "127.0.0.1:%d" % port,
-                                 "--hostname", "gpu-test", "--requested", str(tmp_path / "tuning.fact")] + list(args),
+                                 "--hostname", "gpu-test", "--requested", str(tmp_path / "tuning.fact"),
+                                 "--xid-journal", str(tmp_path / "xid-events.jsonl")] + list(args),
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         procs.append(proc)
         url = "http://127.0.0.1:%d/metrics" % port
@@ -134,6 +135,40 @@ def test_a_sick_card_shows_its_counters_and_its_verdict(exporter):
     [(labels, value)] = metrics["llm_fleet_gpu_process_memory_bytes"]
     assert (labels["pid"], labels["process"], value) == (str(squatter.pid), "sleep", 2 * GIB)
     assert gpu1("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") == 0  # a process holds it: not idle
+
+
+def test_xids_are_heard_through_nvml_events_journaled_and_gate_the_card(exporter):
+    """The driver raises Xids (the mock's event source, as the kernel driver would): the
+    exporter hears those raised after it listens (NVML keeps none for later), appends them
+    to its journal and reports the last one per GPU under dcgm-exporter's name."""
+    start, scrape, env, tmp_path = exporter
+    state = tmp_path / "run-mock-nvml"
+    state.mkdir(exist_ok=True)
+    events = state / "xid_events"
+    journal = tmp_path / "xid-events.jsonl"
+    uuid = "GPU-e07d35a9-6c21-4b8e-93f4-a5b10e6c2d98"  # the profile's second card
+    events.write_text("%s 79\n" % uuid)  # raised before anyone listened: lost, as with real NVML
+    url = start()
+    for _ in range(100):
+        if scrape(url)["llm_fleet_gpu_exporter_xid_listening"][0][1] == 1:
+            break
+        time.sleep(0.1)
+    assert by_gpu(scrape(url)["DCGM_FI_DEV_FB_USED"])["1"][0]["UUID"] == uuid
+    with events.open("a") as f:
+        f.write("%s 48\n%s 13\n" % (uuid, uuid))
+    for _ in range(100):
+        if journal.exists() and len(journal.read_text().splitlines()) == 2:
+            break
+        time.sleep(0.1)
+    heard = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(e["uuid"], e["xid"]) for e in heard] == [(uuid, 48), (uuid, 13)]
+    assert all(abs(e["time"] - time.time()) < 60 for e in heard)
+    metrics = scrape(url)
+    assert by_gpu(metrics["DCGM_FI_DEV_XID_ERRORS"])["1"][1] == 13  # the last one, as dcgm-exporter
+    assert by_gpu(metrics["DCGM_FI_DEV_XID_ERRORS"])["0"][1] == 0
+    assert by_gpu(metrics["llm_fleet_gpu_healthy"])["1"][1] == 0
+    assert sorted((l["check"], l["severity"]) for l, _ in metrics["llm_fleet_gpu_health_problem"]) == \
+        [("xid", "fail"), ("xid_other", "warn")]
 
 
 def test_nvml_down_is_reported_not_a_crash(exporter, tmp_path):

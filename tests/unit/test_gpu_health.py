@@ -43,6 +43,7 @@ def test_a_healthy_v100_reports_zero_counters_and_no_processes(gpu_host):
         "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": False},
         "remapped_rows": None,  # Volta retires pages; row remapping is Ampere's
         "processes": [],
+        "xid_events": None,  # no exporter listens here: unknown, not "none"
     }
     assert gpu_health.assess(gpu["health"]) == []
 
@@ -119,6 +120,30 @@ def test_ecc_off_is_reported_and_its_counters_are_unknown(gpu_host, tmp_path):
 def test_retired_page_thresholds_are_dcgm_s(sbe, dbe, checks):
     health = {"retired_pages": {"single_bit": sbe, "double_bit": dbe, "pending": False}}
     assert [(p["check"], p["severity"]) for p in gpu_health.assess(health)] == checks
+
+
+def test_xids_the_exporter_heard_since_boot_fail_the_card(gpu_host, tmp_path):
+    """The GPU exporter's journal (one JSON line per Xid; a line cut short by a crash is
+    skipped): a serious Xid fails the card, an application's Xid is a warning, another
+    card's Xid is not this one's."""
+    journal = tmp_path / "xid-events.jsonl"
+    journal.write_text("\n".join([
+        '{"time": 1764633600.0, "uuid": "%s", "xid": 31}' % V100_32_UUID,
+        '{"time": 1764633660.5, "uuid": "%s", "xid": 79}' % V100_32_UUID,
+        '{"time": 1764633700.0, "uuid": "GPU-another-card", "xid": 48}',
+        '{"time": 1764633800.0, "uuid": "%s", "xi' % V100_32_UUID]))
+    result = run_module("nvidia_gpu_facts", {"xid_journal": str(journal)}, env=gpu_host("v100-sxm2-32gb"))
+    health = result["ansible_facts"]["nvidia_gpus"][0]["health"]
+    assert health["xid_events"] == [{"time": 1764633600.0, "xid": 31}, {"time": 1764633660.5, "xid": 79}]
+    problems = gpu_health.assess(health)
+    assert [(p["check"], p["severity"]) for p in problems] == [("xid", "fail"), ("xid_other", "warn")]
+    assert problems[0]["message"].startswith(
+        "Xid 79 (the GPU has fallen off the bus) at 2025-12-02 00:01:00 UTC: reboot the host")
+    assert not gpu_health.healthy(problems)
+    # an empty journal: the exporter listens and heard nothing
+    journal.write_text("")
+    assert gpu_health.read_xid_journal(str(journal)) == {}
+    assert gpu_health.read_xid_journal(str(tmp_path / "absent.jsonl")) is None
 
 
 def test_a_wrong_policy_names_the_choices():

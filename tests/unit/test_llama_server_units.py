@@ -45,7 +45,7 @@ SYSTEMD_SINCE = {
     "RestrictRealtime": 231, "ReadWritePaths": 231, "ProtectKernelTunables": 232, "ProtectKernelModules": 232,
     "ProtectControlGroups": 232, "RemoveIPC": 232, "RestrictNamespaces": 233, "LockPersonality": 235,
     "ProtectHostname": 242, "RestrictSUIDSGID": 242, "NUMAPolicy": 243, "NUMAMask": 243,
-    "ProtectKernelLogs": 244, "ProtectClock": 245, "ProtectProc": 247,
+    "RuntimeDirectory": 211, "RuntimeDirectoryPreserve": 235, "ProtectKernelLogs": 244, "ProtectClock": 245, "ProtectProc": 247,
 }
 # Values newer than their key.
 VALUE_SINCE = {

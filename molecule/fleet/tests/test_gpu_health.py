@@ -27,6 +27,9 @@ def test_the_gpu_exporter_reports_what_nvml_reports():
     host = node(TWO_GPUS)
     metrics, nvml = scrape(host), nvml_probe(host)
     assert metrics["llm_fleet_gpu_exporter_nvml_up"][None][1] == 1
+    # it listens for Xids (NVML's event API) under its hardened unit, and heard none
+    assert metrics["llm_fleet_gpu_exporter_xid_listening"][None][1] == 1
+    assert [metrics["DCGM_FI_DEV_XID_ERRORS"][str(g["index"])][1] for g in nvml["gpus"]] == [0] * len(nvml["gpus"])
     assert sorted(metrics["DCGM_FI_DEV_FB_USED"]) == [str(g["index"]) for g in nvml["gpus"]]
     for gpu in nvml["gpus"]:
         labels, used = metrics["DCGM_FI_DEV_FB_USED"][str(gpu["index"])]

@@ -8,6 +8,7 @@ First, the GPU health gate on the same host: a sick second card keeps its instan
 off (the split deploy is then the run after it is healthy again)."""
 import os
 import shlex
+import time
 
 import pytest
 
@@ -35,6 +36,7 @@ def deploy(tmp_path, extra_vars=None, stages=STAGES):
 
 
 STATE = "/run/mock-nvml/state"
+XID_JOURNAL = "/run/llm-fleet-gpu-exporter/xid-events.jsonl"
 GIB = 1 << 30
 
 
@@ -51,12 +53,22 @@ def drop_gpu_state(host, uuid, names):
     host.run_expect([0], "flock /run/mock-nvml/.lock sed -i '/^\\(%s\\)/d' %s" % (pattern, STATE))
 
 
+def wait_for(host, command, what, tries=50):
+    for _ in range(tries):
+        if host.run(command).rc == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("%s: `%s` never succeeded" % (what, command))
+
+
 def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
-    """The GPU health gate (issue 16): the second card gets an uncorrectable ECC error and a
-    process of another program holding 14 GiB (the mock NVML's volatile state, as the real
-    driver reports them); the llama_server stage drains and stops that card's instance, keeps
-    the other serving, says why, and the GPU exporter shows the same. Then the card is reset
-    (counters cleared) and the process gone: the split deploy below is the next run, and its
+    """The GPU health gate (issue 16): the second card gets an uncorrectable ECC error, an
+    Xid 48 that the driver raises (NVML's event API: the GPU exporter hears it and keeps it
+    in its journal) and a process of another program holding 14 GiB (the mock NVML's
+    volatile state, as the real driver reports them); the llama_server stage drains and
+    stops that card's instance, keeps the other serving, says why, and the GPU exporter
+    shows the same. Then the card is reset (counters cleared, its Xid lines deleted as the
+    message says) and the process gone: the split deploy below is the next run, and its
     instance must use both cards again (first test of this file for CI time: one run less)."""
     host = node(TWO_GPUS)
     plans = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])
@@ -66,10 +78,13 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
     try:
         set_gpu_state(host, ["%s.ecc_uncorrected_volatile=2" % sick,
                              "%s.processes=%d:%d" % (sick, squatter, 14 * GIB)])
+        host.run_expect([0], "echo '%s 48' >> /run/mock-nvml/xid_events" % sick)
+        wait_for(host, "grep -q '\"xid\": 48' %s" % XID_JOURNAL, "the exporter journals the Xid")
         result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path)
         assert result.returncode == 0, result.stdout[-3000:]
         out = " ".join(result.stdout.split())
         assert "2 uncorrectable ECC error(s) since boot" in out
+        assert "Xid 48 (a double-bit ECC error) at " in out
         assert "PID %d (sleep) holds 14336 MiB of GPU memory" % squatter in out
         assert "Drain from the front (requests in flight finish) the instance of GPU 1" in out
 
@@ -81,11 +96,12 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         fact = stage_fact(host, "llama_server")
         assert [i["gpu_index"] for i in fact["instances"]] == [0]
         assert [(h["gpu_index"], [p["check"] for p in h["problems"]]) for h in fact["held"]] == \
-            [(1, ["ecc_uncorrectable", "foreign_process"])]
-        assert "GPU 1 HELD: ecc_uncorrectable, foreign_process" in fact["summary"]
+            [(1, ["ecc_uncorrectable", "xid", "foreign_process"])]
+        assert "GPU 1 HELD: ecc_uncorrectable, xid, foreign_process" in fact["summary"]
         # the exporter sees the same card (read at each scrape)
         metrics = scrape(host)
         assert metrics["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]["1"][1] == 2
+        assert metrics["DCGM_FI_DEV_XID_ERRORS"]["1"][1] == 48 and metrics["DCGM_FI_DEV_XID_ERRORS"]["0"][1] == 0
         assert metrics["llm_fleet_gpu_healthy"]["1"][1] == 0 and metrics["llm_fleet_gpu_healthy"]["0"][1] == 1
         labels, held = metrics["llm_fleet_gpu_process_memory_bytes"]["1"]
         assert (labels["pid"], labels["process"], held) == (str(squatter), "sleep", 14 * GIB)
@@ -93,6 +109,7 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         host.run("kill %d" % squatter)
         # what `nvidia-smi -r` (a GPU reset) does to the volatile counts; the process is gone
         drop_gpu_state(host, sick, ["ecc_uncorrected_volatile", "processes"])
+        host.run_expect([0], "sed -i '/%s/d' %s" % (sick, XID_JOURNAL))
     assert "%s.ecc_uncorrected_volatile" % sick not in host.file(STATE).content_string
     assert "%s.persistence_mode=1" % sick in host.file(STATE).content_string  # what gpu_tuning set stays
 

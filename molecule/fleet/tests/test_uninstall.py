@@ -13,7 +13,7 @@ PROJECT_PATHS = ["/opt/llm-fleet", "/etc/llm-fleet", "/var/lib/llm-fleet", "/var
                  "/etc/systemd/system/llama-server@.service", "/etc/systemd/system/gpu-tuning.service",
                  "/etc/systemd/system/llm-fleet-gpu.target", "/etc/apt/preferences.d/nvidia-stack.pref",
                  "/etc/apt/apt.conf.d/51nvidia-stack-unattended", "/etc/haproxy",
-                 "/etc/systemd/system/llm-fleet-gpu-exporter.service"]
+                 "/etc/systemd/system/llm-fleet-gpu-exporter.service", "/run/llm-fleet-gpu-exporter"]
 
 
 @pytest.fixture(scope="module")

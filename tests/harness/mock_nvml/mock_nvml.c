@@ -1783,3 +1783,116 @@ EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsig
     snprintf(val, sizeof(val), "%u", limit);
     return state_put(device, "power_limit_mw", val);
 }
+
+/* ---- events (Xid) ----------------------------------------------------------------- */
+
+/* The driver's Xid reports: "<state dir>/xid_events", one "<uuid> <xid>" line per event,
+ * appended by a test as the kernel driver would raise them (and lost at reboot with the
+ * rest of the volatile state).  As with the real library, a set sees only the events
+ * raised after it was created, for the devices and types registered on it. */
+#define XID_FILE "xid_events"
+enum { nvmlEventTypeXidCriticalError = 0x8ULL };
+#define NVML_ERROR_TIMEOUT 10
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+struct nvmlEventSet_st {
+    long offset; /* bytes of XID_FILE already seen */
+    unsigned long long types[MAX_GPUS];
+};
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+static long xid_file_size(void)
+{
+    char path[4200];
+    struct stat sb;
+    state_path(path, sizeof(path), XID_FILE);
+    return stat(path, &sb) == 0 ? (long)sb.st_size : 0;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    CHECK_DEV(device);
+    CHECK_PTR(eventTypes);
+    *eventTypes = nvmlEventTypeXidCriticalError;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    CHECK_INIT();
+    CHECK_PTR(set);
+    *set = calloc(1, sizeof(**set));
+    if (!*set)
+        return NVML_ERROR_UNKNOWN;
+    (*set)->offset = xid_file_size();
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    CHECK_DEV(device);
+    CHECK_PTR(set);
+    if (eventTypes & ~(unsigned long long)nvmlEventTypeXidCriticalError)
+        return NVML_ERROR_NOT_SUPPORTED;
+    set->types[device->index] |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+/* The next event of the set, waiting up to timeoutms (polling the file: the simulated
+ * driver has no interrupt to wake us). */
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    char path[4200], line[256], uuid[96];
+    unsigned int waited = 0, i;
+    unsigned long long xid;
+    CHECK_INIT();
+    CHECK_PTR(set);
+    CHECK_PTR(data);
+    state_path(path, sizeof(path), XID_FILE);
+    for (;;) {
+        FILE *f = fopen(path, "re");
+        if (f && xid_file_size() < set->offset)
+            set->offset = 0; /* the file was cleared (a reboot): read it from the start */
+        if (f && fseek(f, set->offset, SEEK_SET) == 0) {
+            while (fgets(line, sizeof(line), f) && strchr(line, '\n')) {
+                set->offset = ftell(f);
+                if (sscanf(line, "%95s %llu", uuid, &xid) != 2)
+                    continue;
+                for (i = 0; i < g_gpu_count; i++) {
+                    if (strcmp(g_gpus[i].uuid, uuid) != 0 ||
+                        !(set->types[i] & nvmlEventTypeXidCriticalError))
+                        continue;
+                    memset(data, 0, sizeof(*data));
+                    data->device = &g_gpus[i];
+                    data->eventType = nvmlEventTypeXidCriticalError;
+                    data->eventData = xid;
+                    data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+                    fclose(f);
+                    return NVML_SUCCESS;
+                }
+            }
+        }
+        if (f)
+            fclose(f);
+        if (waited >= timeoutms)
+            return NVML_ERROR_TIMEOUT;
+        usleep(50000);
+        waited += 50;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    free(set);
+    return NVML_SUCCESS;
+}
