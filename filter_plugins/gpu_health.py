@@ -2,9 +2,11 @@
 """The GPU health gate (module_utils/gpu_health.py) as a filter: which plans may
 start an instance, and which are held back because a GPU they use fails its check.
 
-- `plans | llm_fleet_gpu_gate(gpus, foreign_policy)`: {"serve": [plans],
+- `plans | llm_fleet_gpu_gate(gpus, foreign_policy, lost)`: {"serve": [plans],
   "held": [{"gpu_index", "gpu_uuids", "problems"}], "warnings": ["GPU 0: ..."]};
-  gpus are nvidia_gpu_facts' nvidia_gpus (each with its `health`).
+  gpus are nvidia_gpu_facts' nvidia_gpus (each with its `health`), lost its
+  nvidia_gpus_lost: a plan on a GPU NVML no longer reads, while NVML counts a
+  card it cannot reach, is held (check `gpu_lost`).
 """
 from __future__ import absolute_import, division, print_function
 
@@ -24,7 +26,15 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 from ansible.module_utils.gpu_health import assess, healthy  # noqa: E402
 
 
-def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse"):
+def _lost_problem(uuid, lost):
+    indices = ", ".join(str(g.get("index")) for g in lost)
+    return {"check": "gpu_lost", "severity": "fail", "gpu_index": None, "gpu_uuid": uuid,
+            "message": "NVML no longer reads this GPU and counts GPU %s that it cannot reach (%s): the card fell off "
+                       "the bus (Xid 79) or died; reboot the host, and reseat or replace the card if it does not "
+                       "come back" % (indices, lost[0].get("error") or "GPU is lost")}
+
+
+def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse", lost=None):
     by_uuid = dict((g.get("uuid"), g) for g in gpus or [])
     try:
         verdicts = dict((uuid, assess(g.get("health"), foreign_policy)) for uuid, g in by_uuid.items())
@@ -35,6 +45,9 @@ def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse"):
         uuids = plan.get("gpu_uuids") or [plan.get("gpu_uuid")]
         problems = []
         for uuid in uuids:
+            if uuid not in by_uuid and lost:
+                problems.append(_lost_problem(uuid, lost))
+                continue
             index = (by_uuid.get(uuid) or {}).get("index")
             for problem in verdicts.get(uuid, []):
                 entry = dict(problem, gpu_index=index, gpu_uuid=uuid)

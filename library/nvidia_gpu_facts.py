@@ -66,8 +66,18 @@ ansible_facts:
           power_limit_max_w: 300.0
           power_limit_default_w: 300.0
     nvidia_gpu_count:
-      description: Number of GPUs NVML reports (0 when it cannot answer).
+      description: Number of GPUs NVML reads (0 when it cannot answer); a lost one is not counted.
       type: int
+    nvidia_gpus_lost:
+      description: >-
+        GPUs NVML counts but cannot reach (C(GPU_IS_LOST): fallen off the bus, Xid 79; or
+        C(RESET_REQUIRED)), each C(index), C(error), C(error_code). The other GPUs are read as usual.
+      type: list
+      elements: dict
+      sample:
+        - index: 1
+          error: GPU is lost
+          error_code: GPU_IS_LOST
     nvidia_driver_version:
       description: Driver version, e.g. C(525.147.05); null when NVML cannot answer.
       type: str
@@ -111,6 +121,7 @@ def main():
             exception=PYNVML_IMPORT_ERROR)
     facts = {
         "nvidia_gpus": [],
+        "nvidia_gpus_lost": [],
         "nvidia_gpu_count": 0,
         "nvidia_driver_version": None,
         "nvidia_cuda_driver_version": None,
@@ -125,6 +136,7 @@ def main():
     else:
         facts.update({
             "nvidia_gpus": host["gpus"],
+            "nvidia_gpus_lost": host["lost_gpus"],
             "nvidia_gpu_count": len(host["gpus"]),
             "nvidia_driver_version": host["driver_version"],
             "nvidia_cuda_driver_version": host["cuda_driver_version"],

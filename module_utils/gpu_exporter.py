@@ -22,9 +22,9 @@ import sys
 import time
 
 try:  # inside an Ansible module, or the installed service next to its siblings
-    from ansible.module_utils.gpu_health import XID_JOURNAL, assess, read_health, read_xid_journal
+    from ansible.module_utils.gpu_health import LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
 except ImportError:
-    from gpu_health import XID_JOURNAL, assess, read_health, read_xid_journal
+    from gpu_health import LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
 
 MIB = 1048576
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
@@ -167,7 +167,17 @@ def collect(nvml, hostname, requested=None, foreign_policy="refuse", xid_events=
         families.setdefault(name, (help_, []))[1].append((labels, value))
 
     for index in range(nvml.nvmlDeviceGetCount()):
-        gpu = sample_gpu(nvml, index, xid_events)
+        try:
+            gpu = sample_gpu(nvml, index, xid_events)
+        except nvml.NVMLError as err:
+            if getattr(err, "value", None) not in LOST_ERRORS:
+                raise
+            # a card NVML counts but cannot reach (fell off the bus): only its index is known
+            add("llm_fleet_gpu_lost", "1 when NVML counts the GPU but cannot reach it (GPU is lost, Xid 79).",
+                {"gpu": str(index), "Hostname": hostname}, 1)
+            continue
+        add("llm_fleet_gpu_lost", "1 when NVML counts the GPU but cannot reach it (GPU is lost, Xid 79).",
+            {"gpu": str(index), "Hostname": hostname}, 0)
         labels = dict(gpu["labels"], Hostname=hostname)
         for field, value in sorted(gpu["values"].items()):
             add(field, HELP[field], labels, value)
@@ -241,6 +251,12 @@ class NvmlCollector(object):
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 
 
+def _address(handle):
+    """An NVML device handle (a ctypes pointer) as a comparable key."""
+    import ctypes
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
 def record_xid(path, uuid, xid, when=None):
     """Append one Xid to the journal the health gate reads (one JSON line, flushed)."""
     line = json.dumps({"time": when if when is not None else time.time(), "uuid": uuid, "xid": int(xid)})
@@ -264,16 +280,18 @@ def listen_for_xids(nvml, journal, stop=None, wait_ms=5000, retry_s=10.0, log=No
             nvml.nvmlInit()
             try:
                 event_set = nvml.nvmlEventSetCreate()
-                watched = 0
+                # UUIDs read now: a card that raised Xid 79 may answer nothing afterwards
+                uuids = {}
                 for index in range(nvml.nvmlDeviceGetCount()):
-                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                    try:
+                    try:  # (a lost card has no handle: the others are still heard)
+                        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                         nvml.nvmlDeviceRegisterEvents(handle, XID_CRITICAL, event_set)
-                        watched += 1
+                        uuids[_address(handle)] = uuid
                     except nvml.NVMLError as err:
                         log("GPU %d cannot report Xid events (%s): its Xids are not seen here" % (index, err))
-                log("listening for Xid events on %d GPU(s); journal %s" % (watched, journal))
-                status["listening"] = watched > 0
+                log("listening for Xid events on %d GPU(s); journal %s" % (len(uuids), journal))
+                status["listening"] = len(uuids) > 0
                 while stop is None or not stop.is_set():
                     try:
                         data = nvml.nvmlEventSetWait_v2(event_set, wait_ms)
@@ -281,7 +299,7 @@ def listen_for_xids(nvml, journal, stop=None, wait_ms=5000, retry_s=10.0, log=No
                         if getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_TIMEOUT", 10):
                             continue
                         raise
-                    uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+                    uuid = uuids.get(_address(data.device), "unknown")
                     record_xid(journal, uuid, data.eventData)
                     log("Xid %d on GPU %s" % (data.eventData, uuid))
             finally:

@@ -35,6 +35,10 @@ _CAUSE_SBE, _CAUSE_DBE = 0, 1
 
 FOREIGN_POLICIES = ("refuse", "warn", "ignore")
 
+# NVML's answers for a card it counts but cannot reach: GPU_IS_LOST (fell off the bus,
+# Xid 79) and RESET_REQUIRED. Such a card is reported apart; the others are read as usual.
+LOST_ERRORS = (15, 16)
+
 XID_JOURNAL = "/run/llm-fleet-gpu-exporter/xid-events.jsonl"
 # The Xids that mean the card (not the program) failed, from NVIDIA's Xid catalog
 # (docs.nvidia.com/deploy/xid-errors): the instance stays off until a reboot clears them.

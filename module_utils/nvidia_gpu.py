@@ -8,7 +8,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible.module_utils.gpu_health import read_health, read_xid_journal
+from ansible.module_utils.gpu_health import LOST_ERRORS, read_health, read_xid_journal
 
 # NVML enum values used below (stable across NVML versions).
 NVML_CLOCK_GRAPHICS = 0
@@ -21,6 +21,8 @@ NVML_ERROR_NAMES = {
     9: "DRIVER_NOT_LOADED",
     12: "LIBRARY_NOT_FOUND",
     13: "FUNCTION_NOT_FOUND",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
     18: "LIB_RM_VERSION_MISMATCH",
 }
 
@@ -145,8 +147,16 @@ def read_host(nvml, xid_journal=None):
         host = {
             "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
             "cuda_driver_version": "%d.%d" % (cuda // 1000, cuda % 1000 // 10) if cuda else None,
-            "gpus": [read_gpu(nvml, i, xid_events=xid_events) for i in range(nvml.nvmlDeviceGetCount())],
         }
+        host["gpus"], host["lost_gpus"] = [], []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                host["gpus"].append(read_gpu(nvml, index, xid_events=xid_events))
+            except nvml.NVMLError as err:
+                # One card that fell off the bus must not blind the host to the others.
+                if getattr(err, "value", None) not in LOST_ERRORS:
+                    raise
+                host["lost_gpus"].append({"index": index, "error": str(err), "error_code": error_name(err.value)})
     except nvml.NVMLError as err:
         raise NvmlUnavailable(getattr(err, "value", None), "NVML failed while reading the GPUs: %s" % err)
     finally:

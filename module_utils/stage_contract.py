@@ -32,6 +32,8 @@ STAGE_KEYS = {
     # socket and names the llama_server and nvidia_stack stages drain servers through
     "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout"),
     "verify": ("status", "instances"),
+    # on the monitoring host(s): where Prometheus answers and how many targets each job scrapes
+    "prometheus": ("url", "jobs"),
 }
 COMMON_KEYS = ("schema_version", "stage", "summary")
 

@@ -13,6 +13,14 @@ def text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def maybe(func, *args):
+    """A reading the card may not support (ECC off): None."""
+    try:
+        return func(*args)
+    except pynvml.NVMLError:
+        return None
+
+
 def probe():
     pynvml.nvmlInit()
     try:
@@ -47,6 +55,10 @@ def probe():
                 "max_mem_clock_mhz": mem_clock,
                 "max_gfx_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_GRAPHICS),
                 "gfx_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_GRAPHICS),
+                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "power_usage_mw": pynvml.nvmlDeviceGetPowerUsage(handle),
+                "ecc_uncorrected_volatile": maybe(pynvml.nvmlDeviceGetTotalEccErrors, handle,
+                                                  pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
                 "supported_gfx_clocks_mhz": list(pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, mem_clock)),
                 "power_min_mw": pmin,
                 "power_max_mw": pmax,

@@ -198,3 +198,14 @@ def test_clients_outside_the_allow_list_are_refused():
     with pytest.raises(ValueError, match="ADDRESS:PORT"):
         gpu_exporter.parse_listen("9400")
     assert gpu_exporter.parse_listen("[::1]:9400") == ("::1", 9400)
+
+
+def test_a_lost_card_does_not_blind_the_exporter_to_the_other(exporter):
+    start, scrape, env, tmp_path = exporter
+    state = tmp_path / "run-mock-nvml"
+    state.mkdir(exist_ok=True)
+    (state / "state").write_text("GPU-e07d35a9-6c21-4b8e-93f4-a5b10e6c2d98.lost=1\n")
+    metrics = scrape(start())
+    assert metrics["llm_fleet_gpu_exporter_nvml_up"][0][1] == 1
+    assert sorted((l["gpu"], v) for l, v in metrics["llm_fleet_gpu_lost"]) == [("0", 0), ("1", 1)]
+    assert sorted(by_gpu(metrics["DCGM_FI_DEV_FB_USED"])) == ["0"]

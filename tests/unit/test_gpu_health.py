@@ -149,3 +149,39 @@ def test_xids_the_exporter_heard_since_boot_fail_the_card(gpu_host, tmp_path):
 def test_a_wrong_policy_names_the_choices():
     with pytest.raises(ValueError, match="refuse, warn, ignore"):
         gpu_health.assess({}, "plan_around")
+
+
+DUAL_UUIDS = ["GPU-2b8f4e61-0d7c-4a93-8e15-6f3a9c2d1b70", "GPU-e07d35a9-6c21-4b8e-93f4-a5b10e6c2d98"]
+
+
+def _gate_filter():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_gate", ROOT / "filter_plugins" / "gpu_health.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.llm_fleet_gpu_gate
+
+
+def test_a_card_that_fell_off_the_bus_is_reported_apart_and_its_plan_held(gpu_host):
+    """NVML still counts a card that fell off the bus (Xid 79) but answers GPU_IS_LOST for
+    it, its handle included: the other card is read as usual, the lost one is listed apart,
+    and the gate holds the plan on it (the mock: "<uuid>.lost=1" in the volatile state)."""
+    env = gpu_host("2x-v100-sxm2-16gb-nvlink")
+    write_state(env, ["%s.lost=1" % DUAL_UUIDS[1]])
+    result = run_module("nvidia_gpu_facts", env=env)
+    found = result["ansible_facts"]
+    assert found["nvidia_nvml_error"] is None, result
+    assert [g["uuid"] for g in found["nvidia_gpus"]] == DUAL_UUIDS[:1] and found["nvidia_gpu_count"] == 1
+    assert found["nvidia_gpus_lost"] == [{"index": 1, "error": "GPU is lost", "error_code": "GPU_IS_LOST"}]
+    gate = _gate_filter()
+    plans = [{"gpu_index": i, "gpu_uuid": uuid} for i, uuid in enumerate(DUAL_UUIDS)]
+    verdict = gate(plans, found["nvidia_gpus"], "refuse", found["nvidia_gpus_lost"])
+    assert verdict["serve"] == plans[:1]
+    (held,) = verdict["held"]
+    assert held["gpu_index"] == 1 and [p["check"] for p in held["problems"]] == ["gpu_lost"]
+    assert "counts GPU 1 that it cannot reach (GPU is lost)" in held["problems"][0]["message"]
+    # a split over both cards is held as a whole
+    split = [{"gpu_index": 0, "gpu_uuid": DUAL_UUIDS[0], "gpu_uuids": DUAL_UUIDS}]
+    assert gate(split, found["nvidia_gpus"], "refuse", found["nvidia_gpus_lost"])["serve"] == []
+    # and with nothing lost, a GPU the host lacks is not the gate's business (validate fails the plan)
+    assert gate(plans, found["nvidia_gpus"], "refuse", [])["serve"] == plans

@@ -106,7 +106,7 @@ def test_one_port_in_front_of_every_instance(name):
     metrics = host.check_output("python3 -c %s" % shlex.quote(
         "import urllib.request as u;print(u.urlopen('http://127.0.0.1:8404/metrics').read().decode())"))
     up = [line for line in metrics.splitlines() if line.startswith("haproxy_server_status{")
-          and 'state="UP"' in line and line.endswith(" 1")]
+          and 'proxy="%s"' % BACKEND in line and 'state="UP"' in line and line.endswith(" 1")]
     assert len(up) == len(instances), up
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from hostprobe import node, only_in_scenario, run_playbook, stage_fact
 from test_gpu_health import scrape
+from test_prometheus import one
+from test_prometheus import wait_for as wait_for_sample
 from test_llama_server import TWO_GPUS, cmdline, flag, http, main_pid
 
 pytestmark = only_in_scenario("fleet")
@@ -105,6 +107,12 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         assert metrics["llm_fleet_gpu_healthy"]["1"][1] == 0 and metrics["llm_fleet_gpu_healthy"]["0"][1] == 1
         labels, held = metrics["llm_fleet_gpu_process_memory_bytes"]["1"]
         assert (labels["pid"], labels["process"], held) == (str(squatter), "sleep", 14 * GIB)
+        # and the fleet's Prometheus (test_prometheus.py) stores it: the verdict, the Xid, the instance down
+        wait_for_sample("Prometheus stores GPU 1's verdict", lambda: one(host, 'llm_fleet_gpu_healthy{gpu="1"}') == 0)
+        assert one(host, 'DCGM_FI_DEV_XID_ERRORS{gpu="1"}') == 48
+        wait_for_sample("Prometheus finds GPU 1's instance down", lambda: one(
+            host, 'up{job="llm-fleet-llama-server",host="%s",gpu="1"}' % TWO_GPUS) == 0)
+        assert one(host, 'up{job="llm-fleet-llama-server",host="%s",gpu="0"}' % TWO_GPUS) == 1
     finally:
         host.run("kill %d" % squatter)
         # what `nvidia-smi -r` (a GPU reset) does to the volatile counts; the process is gone
@@ -112,6 +120,34 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         host.run_expect([0], "sed -i '/%s/d' %s" % (sick, XID_JOURNAL))
     assert "%s.ecc_uncorrected_volatile" % sick not in host.file(STATE).content_string
     assert "%s.persistence_mode=1" % sick in host.file(STATE).content_string  # what gpu_tuning set stays
+
+
+def test_a_card_fallen_off_the_bus_is_held_and_the_other_serves(tmp_path):
+    """Xid 79: the driver can no longer reach the second card (NVML counts it but answers
+    GPU_IS_LOST, the mock's "<uuid>.lost=1"). The facts read the first card as usual and
+    list the second apart; its instance is held (stopped, not enabled), GPU 0 serves, the
+    exporter and Prometheus say which card is lost. A reboot brings a sound card back: the
+    split deploy below is the next run (the key removed, as a reboot clears it)."""
+    host = node(TWO_GPUS)
+    plans = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])
+    lost = plans[1]["gpu_uuid"]
+    try:
+        host.run_expect([0], "echo '%s 79' >> /run/mock-nvml/xid_events" % lost)
+        wait_for(host, "grep -q '\"xid\": 79' %s" % XID_JOURNAL, "the exporter journals Xid 79")
+        set_gpu_state(host, ["%s.lost=1" % lost])
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert "counts GPU 1 that it cannot reach (GPU is lost)" in " ".join(result.stdout.split())
+        assert not host.service("llama-server@1.service").is_running
+        assert http(host, 8080, "/health")[0] == 200
+        fact = stage_fact(host, "llama_server")
+        assert [(h["gpu_index"], [p["check"] for p in h["problems"]]) for h in fact["held"]] == [(1, ["gpu_lost"])]
+        assert scrape(host)["llm_fleet_gpu_lost"]["1"][1] == 1
+        wait_for_sample("Prometheus stores the lost card", lambda: one(host, 'llm_fleet_gpu_lost{gpu="1"}') == 1)
+    finally:
+        # what the reboot of a sound card clears: the lost state and the Xids since boot
+        drop_gpu_state(host, lost, ["lost"])
+        host.run_expect([0], "sed -i '/%s/d' %s" % (lost, XID_JOURNAL))
 
 
 @pytest.fixture(scope="module")

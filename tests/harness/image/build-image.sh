@@ -83,6 +83,12 @@ done
 mkdir -p "$rootfs/etc/systemd/system/haproxy.service.d"
 printf '[Service]\n# container: no bind mounts (tests/harness/image/build-image.sh)\nBindReadOnlyPaths=\n' \
   > "$rootfs/etc/systemd/system/haproxy.service.d/container-no-bind.conf"
+# Debian's prometheus.service runs in its own user namespace (PrivateUsers=yes), which an
+# unprivileged container cannot create (217/USER): the hosts of this image start it
+# without one. A real host keeps the package's unit.
+mkdir -p "$rootfs/etc/systemd/system/prometheus.service.d"
+printf '[Service]\n# container: no user namespace (tests/harness/image/build-image.sh)\nPrivateUsers=no\n' \
+  > "$rootfs/etc/systemd/system/prometheus.service.d/container-no-userns.conf"
 # A fresh machine-id per container, as on a freshly provisioned host.
 : > "$rootfs/etc/machine-id"
 rm -f "$rootfs/etc/resolv.conf"

@@ -63,6 +63,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -737,11 +738,28 @@ static int valid_device(nvmlDevice_t d)
             return NVML_ERROR_UNINITIALIZED;                                                       \
     } while (0)
 
+/* A card that fell off the bus ("<uuid>.lost=1" in the volatile state: what Xid 79 leaves
+ * until the next reboot) answers nothing but NVML_ERROR_GPU_IS_LOST, its handle included,
+ * while the device count still includes it, as the real driver does. */
+static int device_lost(const struct nvmlDevice_st *g)
+{
+    struct kvlist st = {0};
+    const char *s;
+    int lost;
+    state_read(&st);
+    s = state_get(&st, g, "lost");
+    lost = s && strcmp(s, "1") == 0;
+    kv_free(&st);
+    return lost;
+}
+
 #define CHECK_DEV(d)                                                                               \
     do {                                                                                           \
         CHECK_INIT();                                                                              \
         if (!valid_device(d))                                                                      \
             return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        if (device_lost(d))                                                                        \
+            return NVML_ERROR_GPU_IS_LOST;                                                         \
     } while (0)
 
 #define CHECK_PTR(p)                                                                               \
@@ -1016,6 +1034,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     CHECK_PTR(device);
     if (index >= g_gpu_count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (device_lost(&g_gpus[index]))
+        return NVML_ERROR_GPU_IS_LOST;
     *device = &g_gpus[index];
     return NVML_SUCCESS;
 }
@@ -1033,6 +1053,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     CHECK_PTR(device);
     for (i = 0; i < g_gpu_count; i++) {
         if (strcasecmp(g_gpus[i].uuid, uuid) == 0) {
+            if (device_lost(&g_gpus[i]))
+                return NVML_ERROR_GPU_IS_LOST;
             *device = &g_gpus[i];
             return NVML_SUCCESS;
         }
@@ -1067,6 +1089,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
     g = find_by_pci(&p);
     if (!g)
         return NVML_ERROR_NOT_FOUND;
+    if (device_lost(g))
+        return NVML_ERROR_GPU_IS_LOST;
     *device = g;
     return NVML_SUCCESS;
 }
