@@ -22,9 +22,10 @@ import sys
 import time
 
 try:  # inside an Ansible module, or the installed service next to its siblings
-    from ansible.module_utils.gpu_health import LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
+    from ansible.module_utils.gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health,
+                                                 read_xid_journal)
 except ImportError:
-    from gpu_health import LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
+    from gpu_health import FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
 
 MIB = 1048576
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
@@ -360,7 +361,7 @@ def main(argv=None):
                         help="a client network allowed besides loopback (repeat); none: loopback only")
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--requested", default="/etc/ansible/facts.d/llm_fleet_gpu_tuning.fact")
-    parser.add_argument("--foreign-processes", default="refuse", choices=("refuse", "warn", "ignore"))
+    parser.add_argument("--foreign-processes", default="refuse", choices=FOREIGN_POLICIES)
     parser.add_argument("--xid-journal", default=XID_JOURNAL,
                         help="where heard Xids are appended (the health gate reads it; keep it on a tmpfs "
                              "so that a reboot clears it); '' to not listen")

@@ -33,11 +33,17 @@ _CORRECTED, _UNCORRECTED = 0, 1
 _VOLATILE, _AGGREGATE = 0, 1
 _CAUSE_SBE, _CAUSE_DBE = 0, 1
 
-FOREIGN_POLICIES = ("refuse", "warn", "ignore")
+# What a process that is not ours holding a card's memory means: refuse (hold the card),
+# warn (start anyway: the plan budgets the whole card), plan_around (the model stage budgets
+# what it holds as taken; the gate holds the card only when it holds more than was planned),
+# ignore.
+FOREIGN_POLICIES = ("refuse", "warn", "plan_around", "ignore")
 
 # NVML's answers for a card it counts but cannot reach: GPU_IS_LOST (fell off the bus,
 # Xid 79) and RESET_REQUIRED. Such a card is reported apart; the others are read as usual.
 LOST_ERRORS = (15, 16)
+
+FOREIGN_SLACK_BYTES = 256 * 1048576
 
 XID_JOURNAL = "/run/llm-fleet-gpu-exporter/xid-events.jsonl"
 # The Xids that mean the card (not the program) failed, from NVIDIA's Xid catalog
@@ -151,8 +157,9 @@ def foreign_processes(health, own_names=("llama-server",)):
 
 def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
     """What is wrong with the card, worst first. foreign_policy: what a process that
-    is not ours holding GPU memory means: refuse (fail: the plan budgets the whole card,
-    so the model would not fit or would starve it), warn (start anyway), ignore."""
+    is not ours holding GPU memory means (FOREIGN_POLICIES): refuse fails the card (the
+    plan budgets the whole card, so the model would not fit or would starve it); warn
+    and plan_around warn (plan_against_foreign says whether a plan still fits); ignore."""
     if foreign_policy not in FOREIGN_POLICIES:
         raise ValueError("foreign_policy is %r; use one of %s" % (foreign_policy, ", ".join(FOREIGN_POLICIES)))
     if health is None:
@@ -211,11 +218,32 @@ def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
 
     if foreign_policy != "ignore":
         for proc in foreign_processes(health, own_names):
-            add("foreign_process", "fail" if foreign_policy == "refuse" else "warn",
-                "PID %d (%s) holds %s of GPU memory, which the plan counts as the model's; stop "
-                "it, or set the foreign-process policy to warn" % (proc["pid"], proc.get("name") or "exited", _mib(proc.get("used_bytes"))))
+            who = "PID %d (%s) holds %s of GPU memory" % (proc["pid"], proc.get("name") or "exited",
+                                                         _mib(proc.get("used_bytes")))
+            if foreign_policy == "plan_around":
+                add("foreign_process", "warn", who + ", which the plan leaves to it (plan_around)")
+            else:
+                add("foreign_process", "fail" if foreign_policy == "refuse" else "warn",
+                    who + ", which the plan counts as the model's; stop it, or set the foreign-process policy "
+                    "to plan_around (plan the model in what is left) or warn")
     problems.sort(key=lambda p: p["severity"] != "fail")
     return problems
+
+
+def plan_against_foreign(health, planned_bytes, own_names=("llama-server",)):
+    """Under plan_around: a problem when other processes now hold more of the card than
+    the plan left them (planned_bytes, its memory's foreign_bytes), else None. A slack of
+    FOREIGN_SLACK_BYTES absorbs the few MiB a process's use moves between two reads."""
+    procs = foreign_processes(health, own_names)
+    held = sum(int(p.get("used_bytes") or 0) for p in procs)
+    if held <= int(planned_bytes or 0) + FOREIGN_SLACK_BYTES:
+        return None
+    names = ", ".join("PID %d (%s) %s" % (p["pid"], p.get("name") or "exited", _mib(p.get("used_bytes")))
+                      for p in procs)
+    return {"check": "foreign_process_grew", "severity": "fail",
+            "message": "other processes hold %s of GPU memory (%s) and the plan left them %s: the model would "
+                       "not fit beside them; run the model stage again (site.yml, or --tags model,llama_server) to "
+                       "plan around what they hold now" % (_mib(held), names, _mib(planned_bytes or 0))}
 
 
 def healthy(problems):

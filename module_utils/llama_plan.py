@@ -397,6 +397,10 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         warnings.append("GPU %s: with slots %d%% full of the planned %d tokens each, the expected decode drops to "
                         "%.1f tok/s, below the %.0f tok/s floor" % (gpu.get("index"), int(policy["kv_fill"] * 100),
                                                                     config["ctx_per_slot"], expected, floor))
+    if memory.get("foreign_bytes"):
+        warnings.append("GPU %s: planned around %s that other processes hold (foreign-process policy plan_around); "
+                        "the plan grows back when they exit and the model stage runs again"
+                        % (gpu.get("index"), gib(memory["foreign_bytes"])))
     used = gpu.get("memory_used_bytes")
     if used is not None and used > memory["overhead_driver_reserved_bytes"] + GIB:
         warnings.append("GPU %s has %s in use now (a running llama-server or another process); the plan budgets "

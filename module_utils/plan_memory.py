@@ -226,7 +226,9 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
         reserved = family_mib * MIB if family_mib else driver_reserved_bytes(total_card)
     overhead = policy["overhead_bytes"] + reserved
     headroom = policy["headroom_bytes"]
-    total = weights + caches["total"] + compute + overhead + headroom
+    # what other processes hold on the card, when the policy plans around them (plan_around)
+    foreign = int(gpu.get("memory_foreign_bytes") or 0)
+    total = weights + caches["total"] + compute + overhead + headroom + foreign
     return {
         "weights_bytes": weights,
         "kv_bytes": caches["total"],
@@ -240,11 +242,12 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
         "recurrent_state_bytes": caches["recurrent"],
         "overhead_cuda_bytes": policy["overhead_bytes"],
         "overhead_driver_reserved_bytes": reserved,
+        "foreign_bytes": foreign,
         # the card's used memory with the server loaded, as NVML counts it (v2 used
         # + reserved; v1 used): what verify compares with nvidia_gpu_facts
         "predicted_used_bytes": total - headroom,
         # the process's own use, what `nvidia-smi --query-compute-apps` shows
-        "predicted_process_bytes": total - headroom - reserved,
+        "predicted_process_bytes": total - headroom - reserved - foreign,
         "free_bytes": total_card - total,
         "host_weights_bytes": model["token_embd_bytes"] if full_offload else model["weight_bytes"] - weights,
     }

@@ -139,21 +139,22 @@ def split_budget(model, group, policy, ctx_size, parallel, cache_type, n_gpu_lay
             weights = int(model["gpu_weight_bytes"] * fractions[i])
             kv = int(alone["kv_bytes"] * fractions[i])
             compute = alone["compute_bytes"]
-        total = weights + kv + compute + alone["overhead_bytes"] + alone["headroom_bytes"]
+        foreign = alone["foreign_bytes"]
+        total = weights + kv + compute + alone["overhead_bytes"] + alone["headroom_bytes"] + foreign
         per_gpu.append({
             "gpu_index": card.get("index"), "weights_bytes": weights, "kv_bytes": kv, "compute_bytes": compute,
             "overhead_bytes": alone["overhead_bytes"], "headroom_bytes": alone["headroom_bytes"],
             "total_bytes": total, "gpu_total_bytes": int(card["memory_total_bytes"]),
-            "overhead_driver_reserved_bytes": alone["overhead_driver_reserved_bytes"],
+            "overhead_driver_reserved_bytes": alone["overhead_driver_reserved_bytes"], "foreign_bytes": foreign,
             "predicted_used_bytes": total - alone["headroom_bytes"],
-            "predicted_process_bytes": total - alone["headroom_bytes"] - alone["overhead_driver_reserved_bytes"],
+            "predicted_process_bytes": total - alone["headroom_bytes"] - alone["overhead_driver_reserved_bytes"] - foreign,
             "free_bytes": int(card["memory_total_bytes"]) - total,
         })
     whole = budget(model, cards[0], policy, ctx_size, parallel, cache_type)
     out = dict((key, sum(g[key] for g in per_gpu)) for key in (
         "weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes", "headroom_bytes", "total_bytes",
-        "gpu_total_bytes", "overhead_driver_reserved_bytes", "predicted_used_bytes", "predicted_process_bytes",
-        "free_bytes"))
+        "gpu_total_bytes", "overhead_driver_reserved_bytes", "foreign_bytes", "predicted_used_bytes",
+        "predicted_process_bytes", "free_bytes"))
     out.update({
         "kv_full_attention_bytes": whole["kv_full_attention_bytes"],
         "kv_sliding_window_bytes": whole["kv_sliding_window_bytes"],

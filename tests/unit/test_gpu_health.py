@@ -147,8 +147,42 @@ def test_xids_the_exporter_heard_since_boot_fail_the_card(gpu_host, tmp_path):
 
 
 def test_a_wrong_policy_names_the_choices():
-    with pytest.raises(ValueError, match="refuse, warn, ignore"):
-        gpu_health.assess({}, "plan_around")
+    with pytest.raises(ValueError, match="refuse, warn, plan_around, ignore"):
+        gpu_health.assess({}, "plan")
+
+
+def test_plan_around_warns_and_holds_the_card_only_when_the_process_grew():
+    """plan_around: the process is named (warn); the gate holds a plan only when other
+    processes hold more than the plan left them (its memory's foreign_bytes, per card)."""
+    health = {"processes": [{"pid": 4242, "name": "python3", "used_bytes": 14 << 30},
+                            {"pid": 99, "name": "llama-server", "used_bytes": 1 << 30}]}
+    (problem,) = gpu_health.assess(health, "plan_around")
+    assert problem["severity"] == "warn"
+    assert problem["message"] == "PID 4242 (python3) holds 14336 MiB of GPU memory, which the plan leaves to it " \
+                                 "(plan_around)"
+    assert gpu_health.plan_against_foreign(health, 14 << 30) is None
+    assert gpu_health.plan_against_foreign(health, (14 << 30) - (100 << 20)) is None  # within the slack
+    grew = gpu_health.plan_against_foreign(health, 8 << 30)
+    assert grew["check"] == "foreign_process_grew" and grew["severity"] == "fail"
+    assert grew["message"].startswith("other processes hold 14336 MiB of GPU memory (PID 4242 (python3) 14336 MiB) "
+                                      "and the plan left them 8192 MiB")
+    gate = _gate_filter()
+    gpus = [{"index": 0, "uuid": "GPU-a", "health": health}, {"index": 1, "uuid": "GPU-b", "health": {}}]
+    planned = {"gpu_index": 0, "gpu_uuid": "GPU-a", "memory": {"foreign_bytes": 14 << 30}}
+    verdict = gate([planned], gpus, "plan_around")
+    assert verdict["serve"] == [planned] and verdict["warnings"] == [
+        "GPU 0: PID 4242 (python3) holds 14336 MiB of GPU memory, which the plan leaves to it (plan_around)"]
+    unplanned = {"gpu_index": 0, "gpu_uuid": "GPU-a", "memory": {"foreign_bytes": 0}}
+    (held,) = gate([unplanned], gpus, "plan_around")["held"]
+    assert [p["check"] for p in held["problems"]] == ["foreign_process_grew"] and held["problems"][0]["gpu_index"] == 0
+    # a split: each card against its own share
+    split = {"gpu_index": 1, "gpu_uuids": ["GPU-b", "GPU-a"],
+             "memory": {"per_gpu": [{"foreign_bytes": 0}, {"foreign_bytes": 14 << 30}]}}
+    assert gate([split], gpus, "plan_around")["serve"] == [split]
+    swapped = dict(split, gpu_uuids=["GPU-a", "GPU-b"])
+    assert gate([swapped], gpus, "plan_around")["held"]
+    # refuse still holds it whatever the plan left
+    assert gate([planned], gpus, "refuse")["held"]
 
 
 DUAL_UUIDS = ["GPU-2b8f4e61-0d7c-4a93-8e15-6f3a9c2d1b70", "GPU-e07d35a9-6c21-4b8e-93f4-a5b10e6c2d98"]

@@ -20,7 +20,7 @@ MIB, GIB = 1 << 20, 1 << 30
 V100_BW = 4096 // 8 * 877 * 2 * 10 ** 6          # 898.048 GB/s
 FACTS_BPW = {"Q3_K_S": 3.64, "Q4_K_M": 4.89, "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50}
 # The 5 keys whose sum is total_bytes.
-PARTS = ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes", "headroom_bytes")
+PARTS = ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes", "headroom_bytes", "foreign_bytes")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,23 @@ def test_v100_32gb_lands_on_q4_k_m(gpus, dense_meta):
     assert "expected %.1f tok/s single-stream (efficiency 0.64 for volta Q4_K dense" % p["expected_decode_tps"] \
         in p["reason"]
     assert any("plan: Q4_K_M -c 32768 -np 4" in line for line in result["table"])
+
+
+def test_memory_another_program_holds_is_planned_around(gpus, dense_meta):
+    """Foreign-process policy plan_around (llm_model_gpus sets memory_foreign_bytes): the
+    32 GB card with 8 GiB taken plans in what is left and says so; the process's own
+    figure leaves the other program's memory out, the card's used memory counts it."""
+    card = dict(gpus("v100-sxm2-32gb")[0], memory_foreign_bytes=8 << 30)
+    whole, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
+    p, = plan([card], declared(dense_meta))["plans"]
+    check_plan(p, dense_meta)
+    m = p["memory"]
+    assert m["foreign_bytes"] == 8 << 30 and whole["memory"]["foreign_bytes"] == 0
+    assert m["total_bytes"] <= m["gpu_total_bytes"]
+    assert m["predicted_process_bytes"] == m["predicted_used_bytes"] - m["overhead_driver_reserved_bytes"] - (8 << 30)
+    # less room: a smaller plan (quant, context or KV type) than the whole card's
+    assert (p["quant"], p["ctx_size"], p["cache_type_k"]) != (whole["quant"], whole["ctx_size"], whole["cache_type_k"])
+    assert any("GPU 0: planned around 8.00 GiB that other processes hold" in w for w in p["warnings"])
 
 
 @pytest.mark.parametrize("profile, numa", [("v100-sxm2-16gb", 0), ("v100-pcie-16gb", 1)])

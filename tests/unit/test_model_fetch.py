@@ -530,6 +530,17 @@ def test_gpu_facts_that_change_at_runtime_are_left_out():
                                         "memory_total_bytes": 1, "cpu_affinity": [0, 1]}]
 
 
+def test_plan_around_budgets_only_other_programs_memory():
+    gpu = {"index": 0, "uuid": "GPU-1", "memory_total_bytes": 1,
+           "health": {"processes": [{"pid": 1, "name": "llama-server", "used_bytes": 5 << 30},
+                                    {"pid": 2, "name": "python3", "used_bytes": 3 << 30},
+                                    {"pid": 3, "name": None, "used_bytes": 1 << 30}]}}
+    assert F.llm_model_gpus([gpu], "plan_around")[0]["memory_foreign_bytes"] == 4 << 30
+    assert "memory_foreign_bytes" not in F.llm_model_gpus([gpu], "warn")[0]
+    with pytest.raises(F.AnsibleFilterError, match="use one of refuse, warn, plan_around, ignore"):
+        F.llm_model_gpus([gpu], "around")
+
+
 PLAN = {"gpu_index": 0, "quant": "Q4_K_M", "model_path": "/m/q4.gguf", "ctx_size": 16384, "parallel": 4,
         "cache_type_k": "f16", "cache_type_v": "f16", "n_gpu_layers": 65, "flash_attn": True, "batch_size": 2048,
         "ubatch_size": 512, "decode_ceiling_tps": 45.04, "partial_offload": False,

@@ -10,7 +10,8 @@ import time
 import urllib.parse
 
 from hostprobe import node, nvml_probe, only_in_scenario, stage_fact
-from test_llama_server import TWO_GPUS
+from test_frontend import front, servers
+from test_llama_server import ONE_GPU, TWO_GPUS
 
 pytestmark = only_in_scenario("fleet")
 MIB = 1 << 20
@@ -58,6 +59,7 @@ def test_prometheus_scrapes_its_host_s_gpus_and_instances_through_the_front():
     targets = wait_for("every target of the monitoring host up",
                        lambda: (lambda ts: ts if ts and all(t["health"] == "up" for t in ts) else None)(own_targets(host)))
     assert sorted((t["labels"]["job"], t["labels"].get("gpu", ""), t["scrapeUrl"]) for t in targets) == [
+        ("llm-fleet-frontend", "", "https://%s:8443/metrics/haproxy" % TWO_GPUS),
         ("llm-fleet-gpu", "", "http://127.0.0.1:9400/metrics"),
         ("llm-fleet-llama-server", "0", "https://%s:8443/metrics/gpu0" % TWO_GPUS),
         ("llm-fleet-llama-server", "1", "https://%s:8443/metrics/gpu1" % TWO_GPUS),
@@ -71,7 +73,24 @@ def test_prometheus_scrapes_its_host_s_gpus_and_instances_through_the_front():
     fact = stage_fact(host, "prometheus")
     assert sorted((u["host"], u["job"]) for u in fact["unreachable"]) == [
         ("fleet-sxm2-16gb", "llm-fleet-gpu"), ("fleet-sxm2-32gb", "llm-fleet-gpu")]
-    assert fact["jobs"] == {"llm-fleet-gpu": 1, "llm-fleet-llama-server": 4}
+    # a front is listed where its HAProxy has the built-in exporter (Debian 12's 2.6 has it)
+    with_exporter = [h for h in (ONE_GPU, TWO_GPUS, "fleet-sxm2-16gb")
+                     if "prometheus-exporter" in node(h).check_output("haproxy -vv")]
+    assert fact["jobs"] == {"llm-fleet-gpu": 1, "llm-fleet-llama-server": 4, "llm-fleet-frontend": len(with_exporter)}
+    assert TWO_GPUS in with_exporter
+
+
+def test_the_front_s_own_figures_need_the_key_and_are_stored():
+    host = node(TWO_GPUS)
+    # HAProxy's exporter answers on the front's /metrics/haproxy, with the key only
+    assert front(host, "/metrics/haproxy", key=None)[0] == 403
+    status, text = front(host, "/metrics/haproxy")
+    assert status == 200 and "haproxy_process_uptime_seconds" in text
+    # what Prometheus stored is HAProxy's own view: the instances the front sees up
+    up = sum(1 for row in servers(host).values() if row["status"] == "UP")
+    stored = wait_for("the front's backend figures", lambda: one(
+        host, 'haproxy_backend_active_servers{host="%s",proxy="llama_server"}' % TWO_GPUS))
+    assert stored == up == 2
 
 
 def test_what_prometheus_stored_equals_the_mock_nvml():

@@ -5,7 +5,8 @@ simulated ones compute nothing, so the CPU serves), then the default policy brin
 back one instance per GPU. What the CPU backend can show is checked: the plan, the
 flags, the GPUs the unit sees and may open, the placement, and that it answers.
 First, the GPU health gate on the same host: a sick second card keeps its instance
-off (the split deploy is then the run after it is healthy again)."""
+off, a lost card is held, and a program's memory is planned around (the split deploy
+is then the run after the card is healthy again)."""
 import os
 import shlex
 import time
@@ -148,6 +149,45 @@ def test_a_card_fallen_off_the_bus_is_held_and_the_other_serves(tmp_path):
         # what the reboot of a sound card clears: the lost state and the Xids since boot
         drop_gpu_state(host, lost, ["lost"])
         host.run_expect([0], "sed -i '/%s/d' %s" % (lost, XID_JOURNAL))
+
+
+def test_a_process_of_another_program_is_planned_around_then_held_when_it_grows(tmp_path):
+    """Foreign-process policy plan_around: a program holding 14 GiB of the second card is
+    budgeted as taken by the model stage (the plan's memory says so and the card's plan
+    is made in what is left), its instance serves beside it; when the program grows past
+    what the plan left it, the llama_server stage holds the card and says to plan again.
+    The process gone and the default policy back, the split deploy below plans both whole
+    cards again."""
+    host = node(TWO_GPUS)
+    other = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])[1]["gpu_uuid"]
+    squatter = int(host.check_output("nohup sleep 900 >/dev/null 2>&1 & echo $!"))
+    around = {"llama_server_foreign_gpu_processes": "plan_around"}
+    try:
+        set_gpu_state(host, ["%s.processes=%d:%d" % (other, squatter, 14 * GIB)])
+        out = " ".join(deploy(tmp_path, around).stdout.split())
+        assert "GPU 1: planned around 14.00 GiB that other processes hold" in out
+        plans = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])
+        assert [p["memory"]["foreign_bytes"] for p in plans] == [0, 14 * GIB]
+        assert plans[1]["memory"]["predicted_used_bytes"] <= plans[1]["memory"]["gpu_total_bytes"]
+        # it serves beside the program, which is named but not held against it
+        assert "PID %d (sleep) holds 14336 MiB of GPU memory, which the plan leaves to it" % squatter in out
+        assert stage_fact(host, "llama_server")["held"] == []
+        assert http(host, 8081, "/health")[0] == 200
+
+        drop_gpu_state(host, other, ["processes"])
+        set_gpu_state(host, ["%s.processes=%d:%d" % (other, squatter, 15 * GIB)])
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path, extra_vars=around)
+        assert result.returncode == 0, result.stdout[-3000:]
+        out = " ".join(result.stdout.split())
+        assert "other processes hold 15360 MiB of GPU memory (PID %d (sleep) 15360 MiB) and the plan left them " \
+               "14336 MiB" % squatter in out
+        assert [(h["gpu_index"], [p["check"] for p in h["problems"]])
+                for h in stage_fact(host, "llama_server")["held"]] == [(1, ["foreign_process_grew"])]
+        assert not host.service("llama-server@1.service").is_running
+        assert http(host, 8080, "/health")[0] == 200
+    finally:
+        host.run("kill %d" % squatter)
+        drop_gpu_state(host, other, ["processes"])
 
 
 @pytest.fixture(scope="module")

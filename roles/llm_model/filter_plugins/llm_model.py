@@ -10,7 +10,8 @@ filters turn it into what the modules take and what the stage records:
   from the declared metadata and sizes; after it, the chosen files on disk);
 - `llm_model_fetch_files` lists the files the plans picked, for `model_fetch`;
 - `llm_model_gpus` keeps the GPU facts a plan depends on (never what is in use,
-  so a rerun while llama-server runs plans the same);
+  so a rerun while llama-server runs plans the same; other processes' memory only
+  under the foreign-process policy plan_around);
 - `llm_model_plan_lines`, `llm_model_fit_argv`, `llm_model_fit_estimate` and
   `llm_model_record` show the plans, run llama-fit-params and write the record.
 
@@ -32,6 +33,7 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
+from ansible.module_utils.gpu_health import FOREIGN_POLICIES, foreign_processes  # noqa: E402
 from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
 from ansible.module_utils.plan_explain import plan_summary  # noqa: E402
 
@@ -260,9 +262,20 @@ def llm_model_fetch_files(entries, plans):
     return files
 
 
-def llm_model_gpus(gpus):
-    """The GPU facts a plan depends on, without what changes while the server runs."""
-    return [dict((k, gpu.get(k)) for k in _GPU_KEYS if k in gpu) for gpu in gpus or []]
+def llm_model_gpus(gpus, foreign_policy="refuse"):
+    """The GPU facts a plan depends on, without what changes while the server runs.
+    With the foreign-process policy plan_around, what other processes hold on a card
+    (never a llama-server's) is budgeted as taken: memory_foreign_bytes."""
+    if foreign_policy not in FOREIGN_POLICIES:
+        _fail("llama_server_foreign_gpu_processes is %r; use one of %s" % (foreign_policy, ", ".join(FOREIGN_POLICIES)))
+    out = []
+    for gpu in gpus or []:
+        kept = dict((k, gpu.get(k)) for k in _GPU_KEYS if k in gpu)
+        if foreign_policy == "plan_around":
+            kept["memory_foreign_bytes"] = sum(int(p.get("used_bytes") or 0)
+                                               for p in foreign_processes(gpu.get("health")))
+        out.append(kept)
+    return out
 
 
 def llm_model_plan_lines(result):
