@@ -313,10 +313,11 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     # the built-in table: no fleet calibration here)
     efficiency = plan_speed.efficiency_for(gpu_facts, model)
     expected = plan_speed.expected_decode(ceiling, efficiency["value"], cache_type)
+    exponent = plan_speed.aggregate_exponent(gpu_facts, None, efficiency["arch"], real_slots)
     entry["predicted"] = {
         "expected_decode_tps": round(expected, 2),
-        "expected_aggregate_tps": round(plan_speed.expected_aggregate(
-            expected, real_slots, plan_speed.AGGREGATE_EXPONENT_BY_ARCH[efficiency["arch"]]), 2),
+        "expected_aggregate_tps": round(plan_speed.expected_aggregate(expected, real_slots, exponent), 2),
+        "aggregate_exponent": exponent,
         "decode_efficiency": efficiency,
         "predicted_used_bytes": mem["predicted_used_bytes"],
         "weights_bytes": mem["weights_bytes"], "kv_bytes": mem["kv_bytes"], "compute_bytes": mem["compute_bytes"],
@@ -514,6 +515,7 @@ def main():
         "planner": {"gpu_weight_bytes": model["gpu_weight_bytes"], "plans": []},
         "n_predict": args.n_predict,
         "aggregate_exponent": plan_speed.AGGREGATE_EXPONENT,
+        "aggregate_ratio_by_arch": plan_speed.AGGREGATE_RATIO_BY_ARCH,
         "configs": [],
     }
     for name, plan, pol, summary in plans:

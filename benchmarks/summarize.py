@@ -69,20 +69,21 @@ def render(data, bandwidth=None):
     lines += ["", "## Expected speed against measured", "",
               "Expected = the planner's figures for the configuration's own -c/-np/KV type (`plan_speed`: "
               "ceiling x the built-in efficiency of this GPU family and weight type, x 0.94 for a quantized KV; "
-              "aggregate = single x slots^%.2f). Measured aggregate = the streams' own decode rates summed with every "
-              "slot busy (prompt processing left out)." % data.get("aggregate_exponent", 0.58), "",
+              "aggregate = single x slots^exponent, the exponent per architecture kind and KV type). Measured "
+              "aggregate = the streams' own decode rates summed with every slot busy (prompt processing left out).", "",
               "| config | -c | -np | KV | efficiency used | expected 1 stream | measured | measured / expected "
-              "| expected all slots | measured decode, all slots | measured / expected |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| exponent | expected all slots | measured decode, all slots | measured / expected |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in data["configs"]:
         f = c.get("figures")
         if not f or f.get("expected_decode_tps") is None:
             continue
         eff = (c.get("predicted") or {}).get("decode_efficiency") or {}
-        lines.append("| %s | %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s |" % (
             c["name"], c["ctx_size"], c["parallel"], c["cache_type"], fmt(eff.get("value"), "%.3f"), eff.get("from"),
             fmt(f["expected_decode_tps"]), fmt(f["single_stream_tps"]), pct(f["single_stream_tps"],
                                                                              f["expected_decode_tps"]),
+            fmt((c.get("predicted") or {}).get("aggregate_exponent", data.get("aggregate_exponent")), "%.3f"),
             fmt(f["expected_aggregate_tps"]), fmt(f["aggregate_slots_decode_tps"]),
             pct(f["aggregate_slots_decode_tps"], f["expected_aggregate_tps"])))
     lines += ["", "## GPU memory: measured against predicted", "",
