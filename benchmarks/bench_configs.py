@@ -313,10 +313,24 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     # the built-in table: no fleet calibration here)
     efficiency = plan_speed.efficiency_for(gpu_facts, model)
     expected = plan_speed.expected_decode(ceiling, efficiency["value"], cache_type)
+    exponent = plan_speed.aggregate_exponent(gpu_facts, None, efficiency["arch"], real_slots)
+    # the same expectation at the fill the load test's streams had (its prompt and half
+    # its tokens), not the plan's kv_fill of the slot: the memory model's claim for the
+    # conditions measured (a 32k slot half full reads 4 GB more per token than a short prompt)
+    streams = ((entry.get("load_test") or {}).get("levels") or [{}])[0].get("streams") or [{}]
+    test_fill = int((streams[0].get("prompt_tokens") or 0) + o["n_predict"] // 2)
+    per_slot = real_ctx // real_slots
+    fill_policy = dict(policy, kv_fill=min(1.0, max(1, test_fill) / float(per_slot)))
+    expected_at_fill = plan_speed.expected_decode(
+        llama_plan.ceiling_for(model, gpu_facts, fill_policy, per_slot, cache_type), efficiency["value"], cache_type)
     entry["predicted"] = {
         "expected_decode_tps": round(expected, 2),
-        "expected_aggregate_tps": round(plan_speed.expected_aggregate(
-            expected, real_slots, plan_speed.AGGREGATE_EXPONENT_BY_ARCH[efficiency["arch"]]), 2),
+        "test_fill_tokens": test_fill,
+        "expected_decode_at_test_fill_tps": round(expected_at_fill, 2),
+        "expected_aggregate_at_test_fill_tps": round(plan_speed.expected_aggregate(
+            expected_at_fill, real_slots, exponent), 2),
+        "expected_aggregate_tps": round(plan_speed.expected_aggregate(expected, real_slots, exponent), 2),
+        "aggregate_exponent": exponent,
         "decode_efficiency": efficiency,
         "predicted_used_bytes": mem["predicted_used_bytes"],
         "weights_bytes": mem["weights_bytes"], "kv_bytes": mem["kv_bytes"], "compute_bytes": mem["compute_bytes"],
@@ -376,12 +390,18 @@ def figures(entry, o):
     all_slots = loadtest.level(rep, entry["parallel"]) or {}
     aggregate_decode = all_slots.get("aggregate_decode_tps")
     expected, expected_agg = entry["predicted"]["expected_decode_tps"], entry["predicted"]["expected_aggregate_tps"]
+    at_fill = entry["predicted"].get("expected_decode_at_test_fill_tps")
+    agg_at_fill = entry["predicted"].get("expected_aggregate_at_test_fill_tps")
     return {
         "expected_decode_tps": expected,
         "single_over_expected": _ratio(single, expected),
         "aggregate_slots_decode_tps": aggregate_decode,
         "expected_aggregate_tps": expected_agg,
         "aggregate_over_expected": _ratio(aggregate_decode, expected_agg),
+        "expected_decode_at_test_fill_tps": at_fill,
+        "single_over_expected_at_test_fill": _ratio(single, at_fill),
+        "expected_aggregate_at_test_fill_tps": agg_at_fill,
+        "aggregate_over_expected_at_test_fill": _ratio(aggregate_decode, agg_at_fill),
         "single_stream_tps": single,
         "single_stream_ttft_s": l1.get("ttft_s_mean"),
         "aggregate_4_tps": l4.get("aggregate_tps"),
@@ -514,6 +534,7 @@ def main():
         "planner": {"gpu_weight_bytes": model["gpu_weight_bytes"], "plans": []},
         "n_predict": args.n_predict,
         "aggregate_exponent": plan_speed.AGGREGATE_EXPONENT,
+        "aggregate_ratio_by_arch": plan_speed.AGGREGATE_RATIO_BY_ARCH,
         "configs": [],
     }
     for name, plan, pol, summary in plans:

@@ -69,22 +69,40 @@ def render(data, bandwidth=None):
     lines += ["", "## Expected speed against measured", "",
               "Expected = the planner's figures for the configuration's own -c/-np/KV type (`plan_speed`: "
               "ceiling x the built-in efficiency of this GPU family and weight type, x 0.94 for a quantized KV; "
-              "aggregate = single x slots^%.2f). Measured aggregate = the streams' own decode rates summed with every "
-              "slot busy (prompt processing left out)." % data.get("aggregate_exponent", 0.58), "",
+              "aggregate = single x slots^exponent, the exponent per architecture kind and KV type). Measured "
+              "aggregate = the streams' own decode rates summed with every slot busy (prompt processing left out).", "",
               "| config | -c | -np | KV | efficiency used | expected 1 stream | measured | measured / expected "
-              "| expected all slots | measured decode, all slots | measured / expected |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| exponent | expected all slots | measured decode, all slots | measured / expected |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in data["configs"]:
         f = c.get("figures")
         if not f or f.get("expected_decode_tps") is None:
             continue
         eff = (c.get("predicted") or {}).get("decode_efficiency") or {}
-        lines.append("| %s | %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s | %s | %s |" % (
             c["name"], c["ctx_size"], c["parallel"], c["cache_type"], fmt(eff.get("value"), "%.3f"), eff.get("from"),
             fmt(f["expected_decode_tps"]), fmt(f["single_stream_tps"]), pct(f["single_stream_tps"],
                                                                              f["expected_decode_tps"]),
+            fmt((c.get("predicted") or {}).get("aggregate_exponent", data.get("aggregate_exponent")), "%.3f"),
             fmt(f["expected_aggregate_tps"]), fmt(f["aggregate_slots_decode_tps"]),
             pct(f["aggregate_slots_decode_tps"], f["expected_aggregate_tps"])))
+    lines += ["", "### The same expectation at the load test's own fill", "",
+              "The plan's expected speed reads each slot filled to the policy's kv_fill (half); the load test's "
+              "streams hold a short prompt and their tokens. Here the planner's expectation for the fill the "
+              "streams had (prompt + half the generated tokens): what the memory-bound model claims for the "
+              "conditions measured.", "",
+              "| config | fill tokens | expected 1 stream | measured | measured / expected | expected all slots "
+              "| measured decode, all slots | measured / expected |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in data["configs"]:
+        f, pr = c.get("figures") or {}, c.get("predicted") or {}
+        if f.get("expected_decode_at_test_fill_tps") is None:
+            continue
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            c["name"], pr.get("test_fill_tokens"), fmt(f["expected_decode_at_test_fill_tps"]),
+            fmt(f["single_stream_tps"]), pct(f["single_stream_tps"], f["expected_decode_at_test_fill_tps"]),
+            fmt(f["expected_aggregate_at_test_fill_tps"]), fmt(f["aggregate_slots_decode_tps"]),
+            pct(f["aggregate_slots_decode_tps"], f["expected_aggregate_at_test_fill_tps"])))
     lines += ["", "## GPU memory: measured against predicted", "",
               "Predicted = the planner's memory model (`llama_plan.budget`) for the configuration's own "
               "-c/-np/KV type, less the driver's reservation (%d MiB on this card: the process's own figure leaves it "

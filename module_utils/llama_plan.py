@@ -255,17 +255,18 @@ def expected_for(model, gpu, ceiling, efficiency, cache_type):
     return with_sync(expected_decode(ceiling, efficiency, cache_type), model, gpu)
 
 
-def spend_throughput(model, gpu, policy, efficiency, exponent):
+def spend_throughput(model, gpu, policy, efficiency, exponent_for):
     """The throughput objective: for each cache type, the most slots of min_ctx that
-    fit (up to max_parallel); the type whose expected aggregate is highest; then the
-    memory left as context per slot. Returns a dict like spend(), or None."""
+    fit (up to max_parallel); the type whose expected aggregate is highest (at each
+    slot count's own exponent: exponent_for(slots)); then the memory left as context
+    per slot. Returns a dict like spend(), or None."""
     min_seq, max_seq = slot_limits(model, policy)
     options = []
     for ct in policy["cache_types"]:
         p = most_slots(model, gpu, policy, ct, min_seq)
         if p:
             single = expected_for(model, gpu, ceiling_for(model, gpu, policy, min_seq, ct), efficiency, ct)
-            options.append((expected_aggregate(single, p, exponent), ct, p))
+            options.append((expected_aggregate(single, p, exponent_for(p)), ct, p))
     if not options:
         return None
     aggregate, ct, p = max(options, key=lambda o: (o[0], -policy["cache_types"].index(o[1])))
@@ -358,11 +359,13 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     ngl = chosen["n_gpu_layers"]
     # a partial offload keeps the minimum service; so does a full one where rounding
     # to whole cells leaves no room above the minimum
-    exponent = aggregate_exponent(gpu, calibration, chosen["efficiency"]["arch"])
+    def exponent_for(slots):
+        return aggregate_exponent(gpu, calibration, chosen["efficiency"]["arch"], slots)
+
     if partial:
         config = None
     elif policy["objective"] == "throughput":
-        config = spend_throughput(model, gpu, policy, chosen["efficiency"]["value"], exponent)
+        config = spend_throughput(model, gpu, policy, chosen["efficiency"]["value"], exponent_for)
     else:
         config = spend(model, gpu, policy)
     if config is None:
@@ -373,6 +376,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
     efficiency = chosen["efficiency"]
     expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
+    exponent = exponent_for(config["parallel"])
     aggregate = expected_aggregate(expected, config["parallel"], exponent)
 
     threads = policy["threads"]

@@ -62,13 +62,34 @@ DRIVER_RESERVED_BYTES = 309 * MIB
 
 DEFAULT_HEADROOM_BYTES = 512 * MIB
 
-# Compute buffer: activations are f32; ggml-alloc's peak is either the output
-# projection (logits of every ubatch token + the normed input) or the FFN (gate,
-# up and their product + two embedding-wide tensors + the KQ mask). Calibrated on
-# the 32B shape: 512 x 4 x (152064 + 5120) = 307.0 MiB, as measured.
+# Compute buffer (compute_bytes below; docs/planning.md, "Compute buffer"):
+# activations are f32; the KQ mask is f16 with flash attention, f32 without
+# (llama-graph.cpp build_attn_inp_kq_mask); the f16 copies of a quantized K/V
+# that CUDA's flash attention makes are 2 bytes a value (ggml-cuda/fattn-common.cuh).
 ACTIVATION_BYTES = 4
 
+MASK_BYTES_FLASH_ATTN = 2
+
+F16_BYTES = 2
+
 FFN_LIVE_TENSORS = 3
+
+# Embedding-wide (n_embd) and query-wide (n_head x head_dim) f32 tensors live
+# beside the flash-attention node: the residual, the freed attention norm's
+# hole, then the roped query and the attention output (2), or, with a gated
+# query (the projection is query + gate, twice as wide), that projection (2),
+# the freed normed query's hole, the roped query and the output (5). Read off
+# ggml-alloc's placement of the pinned build's qwen2 and qwen35 graphs (an
+# allocator trace of a CPU build; they reproduce the H200's 568 and 608 MiB).
+ATTN_LIVE_EMBD = 2
+
+ATTN_LIVE_QUERY = 2
+
+ATTN_LIVE_QUERY_GATED = 5
+
+# llama.cpp graphs whose query projection carries a gate (src/models/qwen35.cpp,
+# qwen35moe.cpp, qwen3next.cpp: "Qcur_full", n_embd_head * 2 per head).
+GATED_QUERY_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 
 # llama.cpp sizes caches in cells; context per slot is planned in these steps.
 CTX_STEP = 256
@@ -164,15 +185,75 @@ def cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first_layer=0):
     return {"full": full, "swa": swa, "recurrent": rec, "total": full + swa + rec}
 
 
-def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True):
-    """The CUDA compute buffer: the peak of ggml-alloc's worst-case graph."""
+def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True, cache_type="f16", parallel=1, kv_unified=False,
+                  first_layer=0):
+    """The CUDA compute buffer: the peak of ggml-alloc's worst-case graph.
+
+    llama-context.cpp sched_reserve() sizes it on a prompt ubatch of ubatch
+    tokens spread over every slot (n_seqs = parallel), with an output for each
+    token (n_outputs = min(ubatch, n_batch)) and the KV cache at its full size
+    (llama-kv-cache.cpp init_full: n_kv = the cache's cells per stream). Its peak
+    is the largest of three points of the graph:
+
+    - the output projection: the logits (n_vocab f32 per token) above one
+      embedding-wide tensor. In a hybrid graph (qwen35) the residual stays above
+      the KQ mask, which ggml-alloc places first (ggml-alloc.c: inputs are
+      allocated before the nodes), so the mask and one more embedding-wide
+      tensor lie below the logits as well; in the dense one (qwen2) the last
+      layer's residual falls into the freed mask's place.
+    - the flash-attention node of the widest attention layer: the KQ mask, the
+      tensors live beside it (ATTN_LIVE_*), and, when the cache is not f16, the
+      f16 copies of that layer's K and V views which CUDA's flash attention
+      (MMA/tile kernels, a prompt ubatch) makes inside the node's own allocation
+      (ggml-cuda.cu buffer_type_get_alloc_size -> fattn.cu
+      ggml_cuda_flash_attn_ext_get_alloc_size): one K and one V row per cell of
+      every stream, i.e. the whole -c, whatever the slot count.
+      Without flash attention: the f32 scores and their softmax for every head.
+    - the FFN: gate, up and their product, two embedding-wide tensors, the mask.
+
+    cache_type: the K/V cache type; parallel: the slots (streams, unless
+    kv_unified: one stream of ctx_per_slot x parallel cells, llama-server's
+    default with -np auto only). Measured on an H200 (docs/planning.md): 307 MiB
+    for the 32B shape whatever its f16 context, 568 MiB at -c 131072 -np 8 q8_0."""
     a = ACTIVATION_BYTES
-    mask = ubatch * ctx_per_slot * a
-    logits = ubatch * a * (model["n_vocab"] + model["n_embd"])
-    ffn = ubatch * a * (FFN_LIVE_TENSORS * model["n_ff"] + 2 * model["n_embd"]) + mask
-    attn = mask
-    if not flash_attn:  # KQ scores and their softmax, f32, for the whole slot
-        attn += 2 * ubatch * ctx_per_slot * model["n_head"] * a
+    n_embd = model["n_embd"]
+    layers = model["layers"][first_layer:]
+    kinds = set(l["kind"] for l in layers)
+    # cells of each attention cache one stream's mask covers (its n_kv at reserve)
+    cells = {}
+    if "full" in kinds:
+        cells["full"] = ctx_per_slot * parallel if kv_unified else ctx_per_slot
+    if "swa" in kinds:
+        swa = swa_cells_per_slot(model, ctx_per_slot, ubatch)
+        cells["swa"] = swa * parallel if kv_unified else swa
+    streams = 1 if kv_unified else parallel
+    # one KQ mask per attention cache: n_kv x ubatch (n_kv x ubatch/streams x streams)
+    mask = ubatch * sum(cells.values()) * (MASK_BYTES_FLASH_ATTN if flash_attn else a)
+
+    # logits of every output (n_outputs = ubatch) above the last residual; a hybrid
+    # graph keeps the mask (allocated first) and one more residual below them
+    logits = ubatch * a * (model["n_vocab"] + n_embd)
+    if "recurrent" in kinds and cells:
+        logits += mask + ubatch * a * n_embd
+    # FFN: gate, up, their product (f32, n_ff wide), residual and norm, the mask
+    ffn = ubatch * a * (FFN_LIVE_TENSORS * model["n_ff"] + 2 * n_embd) + mask
+    if not cells:
+        return max(logits, ffn)
+    if flash_attn:
+        query = model.get("q_values") or n_embd
+        live_query = ATTN_LIVE_QUERY_GATED if model.get("architecture") in GATED_QUERY_ARCHS else ATTN_LIVE_QUERY
+        # a non-f16 K/V: fattn.cu ggml_cuda_flash_attn_ext_get_alloc_size adds f16
+        # copies of the layer's K and V views (n_kv x streams cells) to the node
+        copies = 0
+        if cache_type != "f16":
+            for layer in layers:
+                if layer["kind"] in cells:
+                    values = layer["k_values"] + layer["v_values"]
+                    copies = max(copies, F16_BYTES * values * cells[layer["kind"]] * streams)
+        # mask + residual/norm + query-wide tensors (the node's own output included)
+        attn = mask + ubatch * a * (ATTN_LIVE_EMBD * n_embd + live_query * query) + copies
+    else:  # KQ scores and their softmax, f32, every head over the widest mask
+        attn = mask + 2 * ubatch * max(cells.values()) * model["n_head"] * a
     return max(logits, ffn, attn)
 
 
@@ -215,7 +296,8 @@ def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None
         first = model["n_layer"] - n_gpu_layers  # llama.cpp offloads the last layers
         weights = n_gpu_layers * layer_weight_bytes(model)
     caches = cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first)
-    compute = compute_bytes(model, ubatch, ctx_size // parallel, fa)
+    # the roles always pass --parallel, so llama-server keeps one KV stream per slot
+    compute = compute_bytes(model, ubatch, ctx_size // parallel, fa, cache_type, parallel, first_layer=first)
     reserved = policy["reserved_bytes"]
     if reserved is None:
         # NVML's own figure when the driver gives it (measured: 615 MiB on an H200,

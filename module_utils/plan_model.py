@@ -181,6 +181,8 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
     if isinstance(heads, (list, tuple)):
         heads = max(heads) if heads else 0
     quality = bpw_label if bpw_label else (weight_bytes * 8.0 / params if params else 0.0)
+    # the query's width (heads x key length), for the compute buffer's attention point
+    head_k = int(meta.get("key_length") or (n_embd // int(heads) if heads else 0))
     return {
         "quant": label or "unknown",
         "path": path,
@@ -195,6 +197,7 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
         "n_embd": n_embd,
         "n_ff": int(ff),
         "n_head": int(heads),
+        "q_values": int(heads) * head_k,
         "n_vocab": n_vocab,
         "n_ctx_train": int(meta.get("context_length") or 0),
         "layers": layers,

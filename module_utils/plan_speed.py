@@ -64,13 +64,23 @@ EFFICIENCY_TABLE = {
 # project measured both through llama-bench and through llama-server.
 DEFAULT_EFFICIENCY = (0.32, "assumed: the H200's Q4_K figure (no measurement for this GPU family and weight type)")
 
-# Aggregate decode over n busy slots = single stream x n ** exponent. Measured
-# through llama-server on an H200 (32B Q4_K, docs/planning.md): 4 streams 2.3x the
-# single stream (exponent 0.60), 16 streams 4.5-4.7x (0.55); the middle. A hybrid
-# batches worse (its recurrent layers run per sequence): 0.55 at 4 slots, 0.43-0.44
-# at 8 and 16 (h200-hybrid-2026-12-01).
+# Aggregate decode over n busy slots = single stream x n ** exponent; the exponent
+# depends on n. llama.cpp's CUDA backend multiplies a quantized weight by up to 8
+# streams' vectors at once with its mat-vec kernel (MMVQ_MAX_BATCH_SIZE 8,
+# ggml-cuda/mmvq.cuh), by more with the tiled MMQ kernel: 8 streams batch worst.
+# Measured through llama-server on an H200, streams' summed decode / one stream
+# (h200-expected-2026-12-01, h200-hybrid-2026-12-01): dense 2.30-2.34 at 4, 2.62
+# (q8_0) and 2.77 (f16) at 8, 4.59 at 16 (q4_0); hybrid (its recurrent layers run
+# per sequence) 2.10-2.14 at 4, 2.47 at 8, 3.41 at 16. Between the points the ratio
+# is interpolated in log-log; past the last one it grows with the last point's
+# exponent. The KV type's own effect on batching was within the spread (q8_0 2.62 vs
+# f16 2.77 at 8 slots).
+AGGREGATE_RATIO_BY_ARCH = {
+    "dense": ((1, 1.0), (4, 2.30), (8, 2.70), (16, 4.59)),
+    "hybrid": ((1, 1.0), (4, 2.10), (8, 2.47), (16, 3.41)),
+}
+# the power-law summary of the dense curve at 4 and 16 slots, for what has no curve
 AGGREGATE_EXPONENT = 0.58
-AGGREGATE_EXPONENT_BY_ARCH = {"dense": AGGREGATE_EXPONENT, "hybrid": 0.47}
 
 # A quantized KV cache costs single-stream speed (measured on an H200: q8_0 78 vs
 # f16 83 tok/s, same file and binary): expected decode is scaled by this.
@@ -162,13 +172,26 @@ def efficiency_for(gpu, model, calibration=None):
     return out
 
 
-def aggregate_exponent(gpu, calibration=None, arch="dense"):
-    """The fleet's median exponent for cards of this name and this architecture
-    kind, else the built-in one for the kind."""
+def curve_exponent(arch, slots):
+    """The built-in curve's exponent at this slot count: log(ratio) / log(slots)."""
+    points = AGGREGATE_RATIO_BY_ARCH.get(arch, AGGREGATE_RATIO_BY_ARCH["dense"])
+    n = max(2, int(slots))  # one stream has no exponent: the curve's first segment's
+    for (n0, r0), (n1, r1) in zip(points, points[1:]):
+        if n <= n1:
+            t = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return round((math.log(r0) + t * (math.log(r1) - math.log(r0))) / math.log(n), 3)
+    last_n, last_r = points[-1]
+    return round(math.log(last_r) / math.log(last_n), 3)
+
+
+def aggregate_exponent(gpu, calibration=None, arch="dense", slots=4):
+    """The fleet's median exponent for cards of this name and architecture kind at
+    this slot count (verify measures at the planned slots), else the built-in curve's."""
     values = [float(r["aggregate_exponent"]) for r in _records(calibration)
               if r.get("gpu_name") == gpu.get("name") and r.get("arch", "dense") == arch
+              and r.get("parallel") == int(slots)
               and isinstance(r.get("aggregate_exponent"), (int, float)) and 0 < r["aggregate_exponent"] <= 1]
-    return round(_median(values), 3) if values else AGGREGATE_EXPONENT_BY_ARCH.get(arch, AGGREGATE_EXPONENT)
+    return round(_median(values), 3) if values else curve_exponent(arch, slots)
 
 
 def expected_decode(ceiling, efficiency, cache_type="f16"):

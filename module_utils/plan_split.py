@@ -12,7 +12,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.module_utils.plan_memory import (
-    PlanError, budget, cache_bytes, compute_bytes, decode_ceiling, kv_read_bytes, layer_weight_bytes)
+    PlanError, budget, cache_bytes, compute_bytes, decode_ceiling, flash_attn_supported, kv_read_bytes,
+    layer_weight_bytes)
 
 SPLIT_MODES = ("layer", "tensor")
 
@@ -133,8 +134,10 @@ def split_budget(model, group, policy, ctx_size, parallel, cache_type, n_gpu_lay
             holds_output = owners[-1] == i
             weights = len(layers) * per_layer + (_output_bytes(model) if holds_output else 0)
             kv = _layer_cache(model, ctx_size, parallel, cache_type, ubatch, layers[0], layers[-1] + 1) if layers else 0
+            # a card without the output layer: no logits, only its own layers' attention
             compute = alone["compute_bytes"] if holds_output else compute_bytes(
-                dict(model, n_vocab=0), ubatch, ctx_size // parallel)
+                dict(model, n_vocab=0, layers=[model["layers"][il] for il in layers]), ubatch, ctx_size // parallel,
+                flash_attn_supported(card), cache_type, parallel)
         else:
             weights = int(model["gpu_weight_bytes"] * fractions[i])
             kv = int(alone["kv_bytes"] * fractions[i])

@@ -9,6 +9,8 @@
 #                                    and the seeds' and llama.cpp's default servers,
 #                                    the load test, llama-bench, llama-fit-params
 #   benchmarks/h200/run.sh all       both
+#   benchmarks/h200/run.sh validate  prepare (with the hybrid), then issue 14's out-of-
+#                                    sample configurations and the throughput plan
 #   HYBRID=1 benchmarks/h200/run.sh prepare   also write the random Qwen3.5-27B-shaped
 #                                    hybrid (~15 GB); then `bench-hybrid`: defaults, plan
 #                                    and two more plans on it (bench-h200-hybrid.json,
@@ -112,11 +114,45 @@ bench_hybrid() {
     tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
 }
 
+# Issue 14's out-of-sample check: configurations no constant was fitted to (other
+# contexts, slot counts and KV types, on the dense and the hybrid model), and the
+# throughput objective's plan beside llama.cpp's defaults and the seeds' settings.
+# Needs HYBRID=1 at prepare. Results: bench-h200.json / summary.md (dense),
+# bench-h200-hybrid.json / summary-hybrid.md.
+validate() {
+    [ -f "$HYBRID_MODEL" ] || { echo "no hybrid model at $HYBRID_MODEL (HYBRID=1 $0 prepare)" >&2; exit 2; }
+    local bw
+    bw=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['read_gbs'])" "$WORK/bandwidth.json")
+    stamp "validate on the dense model (measured read bandwidth $bw GB/s)"
+    PYTHONPATH="$WORK/src/gguf-py" PYTHONUNBUFFERED=1 python3 "$REPO/benchmarks/bench_configs.py" \
+        --bin-dir "$WORK/build/bin" --model "$MODEL" --out "$OUT/bench-h200.json" --log-dir "$WORK/logs" \
+        --bandwidth-gbs "$bw" --commit "$COMMIT" --n-predict "$NPREDICT" \
+        --configs defaults,seed003,seed000,plan \
+        --extra-plan 'throughput={"objective": "throughput"}' \
+        --extra-plan 'c49k_np6_q8={"target_ctx": 49152, "target_parallel": 6, "cache_types": ["q8_0"]}' \
+        --extra-plan 'c48k_np12_f16={"target_ctx": 49152, "target_parallel": 12, "cache_types": ["f16"]}' \
+        --extra-plan 'c16k_np2_q4={"target_ctx": 16384, "target_parallel": 2, "cache_types": ["q4_0"]}'
+    python3 "$REPO/benchmarks/summarize.py" "$OUT/bench-h200.json" "$WORK/bandwidth.json" > "$OUT/summary.md"
+    stamp "validate on the hybrid model"
+    mkdir -p "$WORK/logs/hybrid"
+    PYTHONPATH="$WORK/src/gguf-py" PYTHONUNBUFFERED=1 python3 "$REPO/benchmarks/bench_configs.py" \
+        --bin-dir "$WORK/build/bin" --model "$HYBRID_MODEL" --out "$OUT/bench-h200-hybrid.json" \
+        --log-dir "$WORK/logs/hybrid" --bandwidth-gbs "$bw" --commit "$COMMIT" --n-predict "$NPREDICT" \
+        --configs plan \
+        --extra-plan 'throughput={"objective": "throughput"}' \
+        --extra-plan 'c65k_np6_q8={"target_ctx": 65536, "target_parallel": 6, "cache_types": ["q8_0"]}' \
+        --extra-plan 'c48k_np12_f16={"target_ctx": 49152, "target_parallel": 12, "cache_types": ["f16"]}'
+    python3 "$REPO/benchmarks/summarize.py" "$OUT/bench-h200-hybrid.json" "$WORK/bandwidth.json" > "$OUT/summary-hybrid.md"
+    cp "$WORK/bandwidth.json" "$WORK/build.json" "$WORK/nvidia-smi.csv" "$OUT/" 2>/dev/null || true
+    tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
+}
+
 case "${1:-all}" in
     prepare) prepare ;;
     bench) bench ;;
     bench-hybrid) bench_hybrid ;;
+    validate) HYBRID=1 prepare; validate ;;
     all) prepare; bench; if [ "$HYBRID" = 1 ]; then bench_hybrid; fi ;;
-    *) echo "usage: $0 prepare|bench|bench-hybrid|all" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|bench|bench-hybrid|validate|all" >&2; exit 2 ;;
 esac
 stamp done

@@ -21,10 +21,10 @@ HYBRID = {"quant": "Q4_K_M", "layers": [{"kind": "full"}, {"kind": "recurrent"},
 
 
 def record(efficiency, gpu_name="Tesla V100-SXM2-32GB", family="volta", quant="Q4_K_M", arch="dense", host="h1",
-           uuid="GPU-1", build="b1", exponent=None):
+           uuid="GPU-1", build="b1", exponent=None, parallel=4):
     return {"host": host, "gpu_uuid": uuid, "gpu_name": gpu_name, "gpu_family": family, "quant": quant,
             "quant_family": ps.quant_family(quant), "arch": arch, "efficiency": efficiency,
-            "aggregate_exponent": exponent, "build": build}
+            "aggregate_exponent": exponent, "build": build, "parallel": parallel}
 
 
 @pytest.mark.parametrize("cc,family", [("7.0", "volta"), ("9.0", "hopper"), ("8.6", "ampere"), ("7.5", "turing"),
@@ -82,10 +82,24 @@ def test_expected_speeds():
     assert ps.expected_aggregate(40.0, 1) == 40.0
     assert ps.expected_aggregate(40.0, 4, 0.5) == pytest.approx(80.0)
     cal = {"version": 1, "records": [record(0.4, exponent=0.7), record(0.4, exponent=0.5, uuid="b")]}
-    assert ps.aggregate_exponent(V100, cal) == 0.6
-    assert ps.aggregate_exponent(H200, cal) == ps.AGGREGATE_EXPONENT
-    # a hybrid batches worse: its own exponent, and the fleet's dense figures do not count for it
-    assert ps.aggregate_exponent(V100, cal, "hybrid") == ps.AGGREGATE_EXPONENT_BY_ARCH["hybrid"] < ps.AGGREGATE_EXPONENT
+    # the fleet's figures at the slot count they were measured at (record(): 4 slots)
+    assert ps.aggregate_exponent(V100, cal, "dense", 4) == 0.6
+    assert ps.aggregate_exponent(V100, cal, "dense", 8) == ps.curve_exponent("dense", 8)
+    assert ps.aggregate_exponent(H200, cal, "dense", 4) == ps.curve_exponent("dense", 4)
+    # a hybrid batches worse: its own curve, and the fleet's dense figures do not count for it
+    assert ps.aggregate_exponent(V100, cal, "hybrid", 4) == ps.curve_exponent("hybrid", 4) < 0.6
+
+
+def test_the_aggregate_curve_goes_through_its_measured_points():
+    """8 streams batch worst (the last slot count of llama.cpp's mat-vec kernel)."""
+    for arch, points in ps.AGGREGATE_RATIO_BY_ARCH.items():
+        for n, ratio in points[1:]:
+            assert n ** ps.curve_exponent(arch, n) == pytest.approx(ratio, rel=0.005), (arch, n)
+        assert ps.curve_exponent(arch, 8) < ps.curve_exponent(arch, 4)
+    # between two points: log-log; past the last: its exponent
+    assert 2.30 < 6 ** ps.curve_exponent("dense", 6) < 2.70
+    assert ps.curve_exponent("dense", 32) == ps.curve_exponent("dense", 16)
+    assert ps.curve_exponent("dense", 1) == ps.curve_exponent("dense", 2)
 
 
 def test_every_hopper_weight_type_has_a_measured_hybrid_figure_below_the_dense_one():
