@@ -61,6 +61,9 @@ EXPECTED_PACKAGES = {
 }
 ARCH_ALL = {"cuda-keyring", "cuda-toolkit-config-common", "cuda-toolkit-11-8-config-common",
             "cuda-toolkit-12-2-config-common"}
+# The oldest glibc of the supported hosts (Ubuntu 20.04 and Debian 11: 2.31). NVIDIA's libraries
+# load there; the stand-ins are compiled on this machine and must not need a newer glibc.
+OLDEST_HOST_GLIBC = (2, 31)
 
 pytestmark = [
     pytest.mark.skipif(ARCH != "amd64", reason="the simulated NVIDIA packages are built for amd64"),
@@ -464,6 +467,71 @@ def test_nccl_header_and_library_agree_on_the_version(repo, tmp_path, version, n
     out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / LIBDIR[1:] / "libnccl.so")],
                          check=True, capture_output=True, text=True).stdout
     assert int(out) == code
+
+
+def glibc_references(path):
+    """{symbol: glibc version tuple} of what an ELF file takes from glibc (its undefined symbols)."""
+    table = subprocess.run(["objdump", "-T", str(path)], check=True, capture_output=True,
+                           text=True).stdout
+    refs = {}
+    for line in table.splitlines():
+        match = re.search(r"\bGLIBC_([0-9.]+)\)?\s+(\S+)$", line)
+        if match and "*UND*" in line:
+            refs[match.group(2)] = tuple(int(part) for part in match.group(1).split("."))
+    return refs
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump (binutils)")
+def test_every_shared_object_loads_with_the_oldest_hosts_glibc(repo, tmp_path):
+    """NVIDIA's libnvidia-ml.so loads on every supported host, so the mock must too.
+
+    Built on a machine with glibc >= 2.33, a call to stat() binds to stat@GLIBC_2.33: on Debian
+    11 and Ubuntu 20.04 (glibc 2.31) dlopen then fails and pynvml answers LIBRARY_NOT_FOUND
+    (issue 29). The library is only loaded on such a host in the fleet_debian11 scenario, so
+    the symbol versions are read here.
+    """
+    root = tmp_path / "root"
+    for deb in sorted(repo.glob("*.deb")):
+        extract(deb, root)
+    checked, too_new = [], {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        with path.open("rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+        checked.append(path.name)
+        for symbol, version in glibc_references(path).items():
+            if version > OLDEST_HOST_GLIBC:
+                too_new[f"/{path.relative_to(root)}"] = f"{symbol}@GLIBC_{'.'.join(map(str, version))}"
+    assert "libnvidia-ml.so.525.147.05" in checked and "libnvidia-ml.so.535.129.03" in checked
+    assert too_new == {}
+
+
+def build_host_glibc():
+    name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")
+    return tuple(int(part) for part in version.split(".")) if name == "glibc" else (0,)
+
+
+@pytest.mark.skipif(build_host_glibc() < (2, 33),
+                    reason="stat() binds to a glibc 2.33 symbol only when built with glibc >= 2.33")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump (binutils)")
+def test_build_refuses_a_library_the_oldest_hosts_cannot_load(tmp_path):
+    mock = tmp_path / "mock_nvml"
+    shutil.copytree(MOCK_NVML_DIR, mock, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    with (mock / "mock_nvml.c").open("a") as source:
+        source.write(textwrap.dedent("""
+            __attribute__((visibility("default"))) long mock_size_by_stat(const char *path)
+            {
+                struct stat sb;
+                return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+            }
+            """))
+    result = subprocess.run(["bash", str(BUILD_SCRIPT), str(tmp_path / "out")], capture_output=True,
+                            text=True, env={**os.environ, "MOCK_NVML_DIR": str(mock)})
+    assert result.returncode != 0
+    assert ("libnvidia-compute-525: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.525.147.05 needs a glibc "
+            "newer than 2.31") in result.stderr
+    assert "stat@GLIBC_2.33" in result.stderr
+    assert not (tmp_path / "out" / "Packages").exists()
 
 
 # ------------------------------------------------------------------------------------------------

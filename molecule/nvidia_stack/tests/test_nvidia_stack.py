@@ -6,6 +6,7 @@ import testinfra
 from hostprobe import nvml_probe, recap, run_playbook
 
 CONVERGED = "nvs-sxm2-16gb"
+DEBIAN11 = "nvs-pcie-16gb-deb11"
 FRESH = "nvs-fresh-pcie"
 T4 = "nvs-t4"
 PINNED = {
@@ -70,6 +71,25 @@ def test_nvml_answers_with_the_pinned_driver(node):
     seen = nvml_probe(node)
     assert seen.get("driver_version") == "525.147.05", seen
     assert seen["gpus"][0]["name"] == "Tesla V100-SXM2-16GB"
+
+
+def test_the_oldest_system_installs_reboots_and_answers(node):
+    """Debian 11 (glibc 2.31, Python 3.9): the pinned stack installed and held, the
+    reboot the driver install asks for done (Docker restarted the host when its PID 1
+    ended, as the machine comes back), and NVML loads and answers after it (a library
+    built against a newer glibc fails to load there: issue 29)."""
+    import subprocess
+    old = testinfra.get_host("docker://" + DEBIAN11)
+    assert old.file("/etc/debian_version").content_string.startswith("11.")
+    assert installed_versions(old, PINNED) == PINNED
+    held = old.check_output("apt-mark showhold").split()
+    assert all(name in held for name in PINNED)
+    restarts = subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", DEBIAN11], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    assert int(restarts) >= 1, "the driver install did not reboot the host"
+    seen = nvml_probe(old)
+    assert seen.get("driver_version") == "525.147.05", seen
+    assert seen["gpus"][0]["name"] == "Tesla V100-PCIE-16GB"
 
 
 def test_cuda_11_8_is_the_toolkit_builds_find(node):

@@ -47,6 +47,13 @@ case $ARCH in
 esac
 LIBDIR=/usr/lib/$TRIPLET
 
+# The oldest glibc of the supported host systems (Ubuntu 20.04 and Debian 11 have 2.31). NVIDIA
+# builds its driver libraries against an old glibc, so one libnvidia-ml.so loads on every
+# distribution the driver supports. The stand-ins are compiled on this machine, whose glibc may be
+# newer: a call such as stat() then binds to a symbol version the oldest hosts lack (stat@GLIBC_2.33),
+# and there dlopen fails (pynvml: "NVML Shared Library Not Found"). pkg_end refuses such a file.
+HOST_GLIBC_MAX=2.31
+
 # ---------------------------------------------------------------------------------------------------
 # Package DSL: pkg_begin, then put/put_file/put_link/maint_script/rel, then pkg_end builds the .deb.
 
@@ -123,6 +130,26 @@ installed_size() {
         awk '{ kib += int(($1 + 1023) / 1024) } END { print kib + 0 }'
 }
 
+# glibc_newer_than_hosts FILE: the "SYMBOL@GLIBC_X.Y" references of an ELF file that the oldest
+# supported host's glibc (HOST_GLIBC_MAX) does not have; nothing for any other file.
+glibc_newer_than_hosts() {
+    [[ $(head -c 4 "$1" | od -An -c | tr -d ' ') == 177ELF ]] || return 0
+    objdump -T "$1" | awk -v max="$HOST_GLIBC_MAX" '
+        # Version strings compare numerically part by part: 2.3.4 < 2.14 < 2.31 < 2.33.
+        function newer(v, m,    a, b, i, n, nb) {
+            n = split(v, a, ".")
+            nb = split(m, b, ".")
+            if (nb > n) n = nb
+            for (i = 1; i <= n; i++)
+                if (a[i] + 0 != b[i] + 0) return a[i] + 0 > b[i] + 0
+            return 0
+        }
+        /\*UND\*/ && match($0, /GLIBC_[0-9.]+/) {
+            v = substr($0, RSTART + 6, RLENGTH - 6)
+            if (newer(v, max)) print $NF "@GLIBC_" v
+        }' | sort -u
+}
+
 pkg_end() {
     put "/usr/share/doc/$PKG_NAME/README.harness" 0644 <<EOF
 $PKG_NAME $PKG_VERSION is a simulated package built by the project's test harness
@@ -146,6 +173,13 @@ EOF
         echo " dependencies of NVIDIA's package but only tiny stand-in files. Never install"
         echo " it on a real host."
     } >"$control"
+    local file too_new
+    while IFS= read -r -d '' file; do
+        too_new=$(glibc_newer_than_hosts "$file")
+        [[ -z $too_new ]] || die "$PKG_NAME: ${file#"$PKG_ROOT"} needs a glibc newer than $HOST_GLIBC_MAX," \
+            "the oldest supported hosts' (Ubuntu 20.04, Debian 11), which could not load it:" \
+            "${too_new//$'\n'/ } (call something those hosts' glibc has)"
+    done < <(find "$PKG_ROOT" -path "$PKG_ROOT/DEBIAN" -prune -o -type f -print0)
     chmod 0755 "$PKG_ROOT"
     find "$PKG_ROOT" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
     dpkg-deb --root-owner-group -Zgzip --build "$PKG_ROOT" "$REPO/" >/dev/null
@@ -619,7 +653,7 @@ main() {
     (($# == 1)) || { echo "usage: $0 OUTPUT_DIR" >&2; exit 2; }
     local out tool hash
     out=$(readlink -m "$1")
-    for tool in dpkg-deb dpkg-scanpackages make "$CC" gzip sha256sum md5sum; do
+    for tool in dpkg-deb dpkg-scanpackages make "$CC" objdump gzip sha256sum md5sum; do
         command -v "$tool" >/dev/null || die "$tool is required"
     done
     [[ -f $MOCK_NVML_DIR/Makefile ]] || die "no Makefile in $MOCK_NVML_DIR (mock NVML sources)"

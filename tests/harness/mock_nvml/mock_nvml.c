@@ -1830,12 +1830,20 @@ struct nvmlEventSet_st {
 };
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
 
+/* lseek, not stat: glibc >= 2.33 binds stat() to stat@GLIBC_2.33, which the oldest
+ * supported hosts (glibc 2.31) lack, and dlopen would then fail there. */
 static long xid_file_size(void)
 {
     char path[4200];
-    struct stat sb;
+    off_t size;
+    int fd;
     state_path(path, sizeof(path), XID_FILE);
-    return stat(path, &sb) == 0 ? (long)sb.st_size : 0;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size = lseek(fd, 0, SEEK_END);
+    close(fd);
+    return size < 0 ? 0 : (long)size;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
