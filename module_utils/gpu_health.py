@@ -17,6 +17,13 @@ event API). The GPU exporter (module_utils/gpu_exporter.py) listens and appends 
 to XID_JOURNAL, under /run so that a reboot clears it, as it clears the condition;
 read_xid_journal reads it back for the gate. Without the exporter running, Xids are
 not seen here (the kernel log still has them: `journalctl -k | grep Xid`).
+
+Re-admission: the volatile ECC count and the Xid journal stay until a reboot or a GPU
+reset, also after the fault was handled. The llama_server stage keeps, per held card,
+the counters that matter (counters) and when they last moved; readmission re-admits a
+card whose counters have not moved for a soak, with nothing waiting for repair, and the
+counts it accepted then (its stage fact's `readmitted`, read_readmitted) are reported,
+not failed, by assess until they grow again.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -61,6 +68,23 @@ SERIOUS_XIDS = {
     119: "a GSP RPC timeout",
     120: "a GSP error",
 }
+
+# The checks a held card is re-admitted from (readmission): a count that stays until a reset or
+# reboot although the fault was handled. Any of BLOCKING_CHECKS (in words) keeps it held whatever
+# the soak (gpu_lost: the gate's problem for a card NVML counts but cannot reach); PROCESS_CHECKS
+# hold it while the process runs, and are not soaked.
+SOAKED_CHECKS = ("ecc_uncorrectable", "xid")
+PROCESS_CHECKS = ("foreign_process", "foreign_process_grew")
+BLOCKING_CHECKS = {
+    "gpu_lost": "NVML cannot reach it",
+    "retired_pages_pending": "a page waits for retirement",
+    "retired_pages_limit": "its retired pages are at NVIDIA's limit (RMA)",
+    "row_remap_pending": "a row remap is pending",
+    "row_remap_failure": "a row remapping failed (RMA)",
+}
+# The llama_server stage's local fact: its `readmitted` list is what read_readmitted gives a
+# reader that judges the cards on its own (the GPU exporter).
+READMITTED_FACT = "/etc/ansible/facts.d/llm_fleet_llama_server.fact"
 
 
 def _call(nvml, func, *args):
@@ -146,6 +170,10 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _when(epoch):
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch)) if epoch is not None else "an unknown time"
+
+
 def _mib(value):
     return "%d MiB" % (int(value) // 1048576) if value is not None else "an unknown amount of memory"
 
@@ -155,11 +183,15 @@ def foreign_processes(health, own_names=("llama-server",)):
     return [p for p in (health or {}).get("processes") or [] if p.get("name") not in own_names]
 
 
-def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
+def assess(health, foreign_policy="refuse", own_names=("llama-server",), readmitted=None):
     """What is wrong with the card, worst first. foreign_policy: what a process that
     is not ours holding GPU memory means (FOREIGN_POLICIES): refuse fails the card (the
     plan budgets the whole card, so the model would not fit or would starve it); warn
-    and plan_around warn (plan_against_foreign says whether a plan still fits); ignore."""
+    and plan_around warn (plan_against_foreign says whether a plan still fits); ignore.
+    readmitted: the card's entry in the llama_server fact's `readmitted` (readmission's
+    accepted counters and readmitted_at): uncorrectable ECC errors since boot up to the
+    accepted count and serious Xids up to the accepted one are warnings (checks
+    ecc_uncorrectable_accepted, xid_accepted); more, or a later Xid, fail as usual."""
     if foreign_policy not in FOREIGN_POLICIES:
         raise ValueError("foreign_policy is %r; use one of %s" % (foreign_policy, ", ".join(FOREIGN_POLICIES)))
     if health is None:
@@ -169,8 +201,16 @@ def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
     def add(check, severity, message):
         problems.append({"check": check, "severity": severity, "message": message})
 
+    accepted = (readmitted or {}).get("accepted") or {}
+    readmitted_at = _when((readmitted or {}).get("readmitted_at"))
     ecc = health.get("ecc_errors") or {}
-    if (ecc.get("uncorrected_volatile") or 0) > 0:
+    volatile = ecc.get("uncorrected_volatile") or 0
+    if volatile > 0 and accepted.get("ecc_uncorrected_volatile") is not None \
+            and volatile <= accepted["ecc_uncorrected_volatile"]:
+        add("ecc_uncorrectable_accepted", "warn",
+            "%d uncorrectable ECC error(s) since boot, none since the card was re-admitted at %s after a clean "
+            "soak; a reboot or `nvidia-smi -r` clears the count" % (volatile, readmitted_at))
+    elif volatile > 0:
         add("ecc_uncorrectable", "fail",
             "%d uncorrectable ECC error(s) since boot: what the card computes may be wrong; reboot (or "
             "`nvidia-smi -r`) so the driver retires the page, then watch the count" % ecc["uncorrected_volatile"])
@@ -206,9 +246,12 @@ def assess(health, foreign_policy="refuse", own_names=("llama-server",)):
                 "a row remap is pending (after an uncorrectable error): reset the GPU or reboot")
 
     for event in health.get("xid_events") or []:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(event["time"]))
+        when = _when(event["time"])
         meaning = SERIOUS_XIDS.get(event["xid"])
-        if meaning:
+        if meaning and accepted.get("xid_time") is not None and event["time"] <= accepted["xid_time"]:
+            add("xid_accepted", "warn", "Xid %d (%s) at %s, before the card was re-admitted at %s after a clean "
+                "soak" % (event["xid"], meaning, when, readmitted_at))
+        elif meaning:
             add("xid", "fail", "Xid %d (%s) at %s: reboot the host (or reset the GPU and delete its lines "
                 "from %s); if it comes back, the card is due for replacement" % (event["xid"], meaning, when,
                                                                                 XID_JOURNAL))
@@ -248,3 +291,138 @@ def plan_against_foreign(health, planned_bytes, own_names=("llama-server",)):
 
 def healthy(problems):
     return not any(p["severity"] == "fail" for p in problems)
+
+
+def read_readmitted(path=READMITTED_FACT):
+    """{uuid: entry} of the cards the llama_server stage re-admitted after a hold (its local
+    fact's `readmitted`: the counters it accepted), for assess's readmitted; {} without one."""
+    try:
+        with open(path) as f:
+            entries = json.load(f).get("readmitted") or []
+    except (IOError, OSError, ValueError, AttributeError):
+        return {}
+    return dict((e["gpu_uuid"], e) for e in entries if isinstance(e, dict) and e.get("gpu_uuid"))
+
+
+def counters(health):
+    """What a held card is watched on between runs (None: NVML cannot reach it): the
+    uncorrectable ECC errors since boot, the retired pages and the pending flags, the row
+    remap flags, and the latest serious Xid (number and time; None for none, or when no
+    exporter listens). A figure the card does not report is None."""
+    if health is None:
+        return None
+    ecc = health.get("ecc_errors") or {}
+    pages = health.get("retired_pages") or {}
+    rows = health.get("remapped_rows") or {}
+    serious = [e for e in health.get("xid_events") or [] if e.get("xid") in SERIOUS_XIDS]
+    latest = max(serious, key=lambda e: e["time"]) if serious else None
+    return {
+        "ecc_uncorrected_volatile": ecc.get("uncorrected_volatile"),
+        "retired_pages_single_bit": pages.get("single_bit"),
+        "retired_pages_double_bit": pages.get("double_bit"),
+        "retired_pages_pending": pages.get("pending"),
+        "row_remap_pending": rows.get("pending"),
+        "row_remap_failure": rows.get("failure"),
+        "xid": latest["xid"] if latest else None,
+        "xid_time": latest["time"] if latest else None,
+    }
+
+
+_COUNTER_NAMES = (
+    ("ecc_uncorrected_volatile", "uncorrectable ECC errors since boot"),
+    ("retired_pages_single_bit", "single-bit retired pages"),
+    ("retired_pages_double_bit", "double-bit retired pages"),
+    ("retired_pages_pending", "a page pending retirement"),
+    ("row_remap_pending", "a row remap pending"),
+    ("row_remap_failure", "a failed row remap"),
+)
+
+
+def _shown(value):
+    return "yes" if value is True else "no" if value is False else "unknown" if value is None else str(value)
+
+
+def _changes(old, new):
+    """What moved between two counters() answers, in words."""
+    if old is None or new is None:
+        return ["NVML reads it again" if new is not None else "NVML cannot reach it"]
+    moved = ["%s %s -> %s" % (name, _shown(old.get(key)), _shown(new.get(key)))
+             for key, name in _COUNTER_NAMES if old.get(key) != new.get(key)]
+    if (old.get("xid"), old.get("xid_time")) != (new.get("xid"), new.get("xid_time")):
+        moved.append("Xid %d at %s" % (new["xid"], _when(new["xid_time"])) if new.get("xid") is not None
+                     else "its Xids are gone from the journal")
+    return moved
+
+
+def soak_seconds(value, name="the soak"):
+    """A re-admission soak as whole seconds >= 0, or None for never (a negative number).
+    Takes an int or its digits as text (what `-e name=3600` passes); anything else is a
+    ValueError that names it."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("%s is %r: give whole seconds, e.g. 86400 (0 re-admits a held card on the next run once its "
+                         "counters are clean; a negative number, e.g. -1, never re-admits one automatically)"
+                         % (name, value))
+    return value if value >= 0 else None
+
+
+def hold_record(previous, health, now):
+    """A held card's record ({"counters", "held_since", "last_change"}) now: previous is the
+    record of the last run (None: not held then); last_change moves only when the counters
+    differ from the recorded ones, so that a rerun with nothing new changes nothing."""
+    seen = counters(health)
+    if previous is None:
+        return {"counters": seen, "held_since": now, "last_change": now}
+    held_since = previous.get("held_since", now)
+    if "counters" not in previous or previous["counters"] != seen:
+        return {"counters": seen, "held_since": held_since, "last_change": now}
+    return {"counters": seen, "held_since": held_since, "last_change": previous.get("last_change", now)}
+
+
+def readmission(previous, health, now, soak_s, name="the GPU", check_mode=False):
+    """Whether a card held for its counters (an uncorrectable ECC error since boot, a serious
+    Xid, or one of BLOCKING_CHECKS) serves again: yes once nothing waits for repair (no page
+    pending retirement, no pending or failed row remap, not lost, under the retired-page
+    limit) and its counters (counters(): no new ECC error, retired page or serious Xid) have
+    not moved for soak_s seconds (soak_seconds' answer; None: never).
+
+    previous: the card's hold record of the last run (hold_record's answer; None when it was
+    not held), health: read_health's answer now (None: NVML cannot reach the card), now:
+    epoch seconds of the host's clock. Returns {"readmit", "state" (new, changed, blocked,
+    never, soaking, readmit), "record" (hold_record's answer), "accepted" (when readmit: the
+    baseline assess takes as readmitted, with held_since and readmitted_at), "message"}."""
+    now = int(now)
+    record = hold_record(previous, health, now)
+    state = "new" if previous is None else "changed" if previous.get("counters", ()) != record["counters"] else None
+    blocking = ["NVML cannot reach it"] if health is None else \
+        [BLOCKING_CHECKS[p["check"]] for p in assess(health, "ignore") if p["check"] in BLOCKING_CHECKS]
+    last, since = record["last_change"], record["held_since"]
+    clean = now - last
+    result = {"readmit": False, "record": record, "accepted": None}
+    if blocking:
+        result.update(state="blocked", message="%s held: %s; it waits for that to clear (a reboot, a GPU reset, or "
+                      "a replacement), then for a soak with nothing new" % (name, ", ".join(blocking)))
+    elif soak_s is None:
+        result.update(state="never", message="%s held: automatic re-admission is off (a negative soak): a GPU reset "
+                      "or a reboot clears its counters, and the next run starts its instance" % name)
+    elif state == "new":
+        result.update(state="new", message="%s held at %s: re-admitted by a run after %s if no new ECC error, Xid or "
+                      "pending retirement comes (soak %d s)" % (name, _when(now), _when(now + soak_s), soak_s))
+    elif state == "changed":
+        result.update(state="changed", message="%s held: its counters moved (%s); the %d s soak starts again: "
+                      "re-admitted by a run after %s if nothing new comes"
+                      % (name, "; ".join(_changes(previous.get("counters"), record["counters"])), soak_s,
+                         _when(now + soak_s)))
+    elif clean < soak_s:
+        result.update(state="soaking", message="%s held: clean for %d s of the %d s soak; re-admitted by a run after %s"
+                      % (name, max(clean, 0), soak_s, _when(last + soak_s)))
+    else:
+        held = "it was held at %s (soak %d s)" % (_when(since), soak_s) if since == last else \
+            "its counters last changed at %s (held since %s; soak %d s)" % (_when(last), _when(since), soak_s)
+        result.update(readmit=True, state="readmit",
+                      accepted={"accepted": record["counters"], "held_since": since, "readmitted_at": now},
+                      message="%s %s: no new ECC error, Xid or pending retirement for %d s since %s"
+                      % (name, "would be re-admitted (check mode, nothing changed)" if check_mode else "re-admitted",
+                         clean, held))
+    return result

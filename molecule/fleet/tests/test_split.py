@@ -5,9 +5,10 @@ simulated ones compute nothing, so the CPU serves), then the default policy brin
 back one instance per GPU. What the CPU backend can show is checked: the plan, the
 flags, the GPUs the unit sees and may open, the placement, and that it answers.
 First, the GPU health gate on the same host: a sick second card keeps its instance
-off, a lost card is held, and a program's memory is planned around (the split deploy
-is then the run after the card is healthy again)."""
+off and is re-admitted after a clean soak, a lost card is held, and a program's memory
+is planned around (the split deploy is then the run after the card is healthy again)."""
 import os
+import re
 import shlex
 import time
 
@@ -70,9 +71,12 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
     in its journal) and a process of another program holding 14 GiB (the mock NVML's
     volatile state, as the real driver reports them); the llama_server stage drains and
     stops that card's instance, keeps the other serving, says why, and the GPU exporter
-    shows the same. Then the card is reset (counters cleared, its Xid lines deleted as the
-    message says) and the process gone: the split deploy below is the next run, and its
-    instance must use both cards again (first test of this file for CI time: one run less)."""
+    shows the same. The process gone, the counts stay (until a reset): a run with an hour's
+    soak keeps the card held and says how long is left, a run with a soak of 1 s re-admits
+    it (issue 29: its instance serves again, the counts it accepted recorded, the exporter
+    agrees). Then the card is reset (counters cleared, its Xid lines deleted as the message
+    says): the split deploy below is the next run, and its instance must use both cards
+    again (first test of this file for CI time: one run less)."""
     host = node(TWO_GPUS)
     plans = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])
     assert [p["gpu_index"] for p in plans] == [0, 1]
@@ -90,6 +94,8 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         assert "Xid 48 (a double-bit ECC error) at " in out
         assert "PID %d (sleep) holds 14336 MiB of GPU memory" % squatter in out
         assert "Drain from the front (requests in flight finish) the instance of GPU 1" in out
+        assert re.search(r"GPU 1 held at [-0-9: ]+ UTC: re-admitted by a run after [-0-9: ]+ UTC if no new ECC error, "
+                         r"Xid or pending retirement comes \(soak 86400 s\)", out), out[-3000:]
 
         # the sick card's instance is stopped and stays off at boot; the healthy one serves
         assert not host.service("llama-server@1.service").is_running
@@ -114,6 +120,40 @@ def test_a_sick_second_card_keeps_its_instance_off(tmp_path):
         wait_for_sample("Prometheus finds GPU 1's instance down", lambda: one(
             host, 'up{job="llm-fleet-llama-server",host="%s",gpu="1"}' % TWO_GPUS) == 0)
         assert one(host, 'up{job="llm-fleet-llama-server",host="%s",gpu="0"}' % TWO_GPUS) == 1
+
+        # re-admission: the process is gone, the ECC count and the Xid stay until a reset
+        host.run("kill %d" % squatter)
+        drop_gpu_state(host, sick, ["processes"])
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path,
+                              extra_vars={"llama_server_gpu_readmit_soak_s": 3600})
+        assert result.returncode == 0, result.stdout[-3000:]
+        out = " ".join(result.stdout.split())
+        assert re.search(r"GPU 1 held: clean for \d+ s of the 3600 s soak; re-admitted by a run after ", out), out[-3000:]
+        assert not host.service("llama-server@1.service").is_running
+        fact = stage_fact(host, "llama_server")
+        (held,) = fact["held"]
+        assert [p["check"] for p in held["problems"]] == ["ecc_uncorrectable", "xid"]
+        (card,) = held["cards"]
+        assert card["counters"]["ecc_uncorrected_volatile"] == 2 and card["counters"]["xid"] == 48
+        assert card["held_since"] == card["last_change"] and fact["readmitted"] == []
+
+        result = run_playbook("playbooks/llama_server.yml", [TWO_GPUS], tmp_path=tmp_path,
+                              extra_vars={"llama_server_gpu_readmit_soak_s": 1})
+        assert result.returncode == 0, result.stdout[-3000:]
+        out = " ".join(result.stdout.split())
+        assert "GPU 1 re-admitted: no new ECC error, Xid or pending retirement for " in out
+        assert "since it was held at " in out and "(soak 1 s)" in out
+        assert host.service("llama-server@1.service").is_running and host.service("llama-server@1.service").is_enabled
+        assert http(host, 8081, "/health")[0] == 200
+        fact = stage_fact(host, "llama_server")
+        assert fact["held"] == [] and sorted(i["gpu_index"] for i in fact["instances"]) == [0, 1]
+        (readmitted,) = fact["readmitted"]
+        assert (readmitted["gpu_index"], readmitted["accepted"], readmitted["held_since"]) == \
+            (1, card["counters"], card["held_since"])
+        assert "GPU 1 re-admitted" in fact["summary"]
+        # the exporter judges it against the counts accepted (read at each scrape); the raw figures stay
+        metrics = scrape(host)
+        assert metrics["llm_fleet_gpu_healthy"]["1"][1] == 1 and metrics["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]["1"][1] == 2
     finally:
         host.run("kill %d" % squatter)
         # what `nvidia-smi -r` (a GPU reset) does to the volatile counts; the process is gone
