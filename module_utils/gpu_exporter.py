@@ -23,9 +23,10 @@ import time
 
 try:  # inside an Ansible module, or the installed service next to its siblings
     from ansible.module_utils.gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health,
-                                                 read_xid_journal)
+                                                 read_readmitted, read_xid_journal)
 except ImportError:
-    from gpu_health import FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health, read_xid_journal
+    from gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health, read_readmitted,
+                            read_xid_journal)
 
 MIB = 1048576
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
@@ -60,6 +61,53 @@ def read_requested(path):
     except (IOError, OSError, ValueError):
         return {}
     return dict((s.get("uuid"), s) for s in settings if s.get("uuid"))
+
+
+def read_model_record(path):
+    """The model stage's record (its local fact, the same as /etc/llm-fleet/plan.json):
+    {"plans": [...], "model_dir": ...}; {} without one."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (IOError, OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def collect_model(record, hostname):
+    """What the model stage planned, as metric families (collect's tuples): each instance's
+    expected decode speed per stream (1 stream, and every slot busy), for the alert that
+    compares it with llama-server's own figures, and the space left on the model
+    directory's filesystem. Independent of NVML."""
+    families = []
+    expected = []
+    for plan in record.get("plans") or []:
+        if plan.get("gpu_index") is None or plan.get("expected_decode_tps") is None:
+            continue
+        labels = {"gpu": str(plan["gpu_index"]), "Hostname": hostname}
+        expected.append((dict(labels, streams="1"), float(plan["expected_decode_tps"])))
+        parallel = int(plan.get("parallel") or 1)
+        if parallel > 1 and plan.get("expected_aggregate_tps") is not None:
+            expected.append((dict(labels, streams=str(parallel)), float(plan["expected_aggregate_tps"]) / parallel))
+    if expected:
+        families.append(("llm_fleet_plan_decode_tokens_per_second",
+                         "Decode speed of each stream the plan expects with `streams` streams decoding (in tok/s).",
+                         expected))
+    model_dir = record.get("model_dir")
+    if model_dir:
+        try:
+            fs = os.statvfs(model_dir)
+        except OSError:
+            fs = None
+        if fs is not None:
+            labels = {"path": model_dir, "Hostname": hostname}
+            families.append(("llm_fleet_model_filesystem_avail_bytes",
+                             "Bytes free for the model files on the model directory's filesystem.",
+                             [(labels, fs.f_bavail * fs.f_frsize)]))
+            families.append(("llm_fleet_model_filesystem_size_bytes",
+                             "Size of the model directory's filesystem (in bytes).",
+                             [(labels, fs.f_blocks * fs.f_frsize)]))
+    return families
 
 
 def sample_gpu(nvml, index, xid_events=None):
@@ -105,6 +153,7 @@ def sample_gpu(nvml, index, xid_events=None):
     if rows:
         values.update({"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": rows["correctable"],
                        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": rows["uncorrectable"],
+                       "DCGM_FI_DEV_ROW_REMAP_PENDING": int(rows["pending"]),
                        "DCGM_FI_DEV_ROW_REMAP_FAILURE": int(rows["failure"])})
     for counter, field, _ in NVLINK_ERRORS:
         total, seen = 0, False
@@ -151,16 +200,18 @@ HELP = {
     "DCGM_FI_DEV_RETIRED_PENDING": "1 when a page waits for retirement (at the next reset).",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Rows remapped for correctable errors.",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Rows remapped for uncorrectable errors.",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "1 when a row remapping waits for the next reset.",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "1 when a row remapping failed.",
     "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered (since boot; 0: none).",
 }
 HELP.update((field, help_) for _, field, help_ in NVLINK_ERRORS)
 
 
-def collect(nvml, hostname, requested=None, foreign_policy="refuse", xid_events=None):
+def collect(nvml, hostname, requested=None, foreign_policy="refuse", xid_events=None, readmitted=None):
     """Every metric family of one scrape, as (name, help, [(labels, value)]) tuples
-    (NVML already initialised; xid_events: the Xid journal read back). Raises
-    nvml.NVMLError when NVML stops answering."""
+    (NVML already initialised; xid_events: the Xid journal read back; readmitted: the cards
+    the llama_server stage re-admitted, read_readmitted's answer, judged against the counts
+    they were accepted with). Raises nvml.NVMLError when NVML stops answering."""
     requested = requested or {}
     families = {}
 
@@ -182,7 +233,7 @@ def collect(nvml, hostname, requested=None, foreign_policy="refuse", xid_events=
         labels = dict(gpu["labels"], Hostname=hostname)
         for field, value in sorted(gpu["values"].items()):
             add(field, HELP[field], labels, value)
-        problems = assess(gpu["health"], foreign_policy)
+        problems = assess(gpu["health"], foreign_policy, readmitted=(readmitted or {}).get(labels["UUID"]))
         add("llm_fleet_gpu_healthy", "1 when the GPU passes the fleet's health check (module_utils/gpu_health.py).",
             labels, 0 if any(p["severity"] == "fail" for p in problems) else 1)
         for problem in problems:
@@ -206,10 +257,12 @@ class NvmlCollector(object):
     """A prometheus_client collector: NVML initialised once, again after it failed
     (a driver upgrade without reboot answers LIB_RM_VERSION_MISMATCH until the reboot)."""
 
-    def __init__(self, nvml, hostname, requested_path, foreign_policy="refuse", xid_journal=None, xid_status=None):
+    def __init__(self, nvml, hostname, requested_path, foreign_policy="refuse", xid_journal=None, xid_status=None,
+                 expected_gpus=None, model_record_path=None):
         self.nvml, self.hostname, self.requested_path = nvml, hostname, requested_path
         self.foreign_policy, self.xid_journal = foreign_policy, xid_journal
         self.xid_status = xid_status if xid_status is not None else {}
+        self.expected_gpus, self.model_record_path = expected_gpus, model_record_path
         self.ready = False
 
     def collect(self):
@@ -224,7 +277,7 @@ class NvmlCollector(object):
             if xids is None and self.xid_status.get("listening"):
                 xids = {}  # listening, no Xid yet
             families = collect(self.nvml, self.hostname, read_requested(self.requested_path), self.foreign_policy,
-                               xids)
+                               xids, read_readmitted())
         except self.nvml.NVMLError as err:
             error = str(err)
             if self.ready:
@@ -242,6 +295,14 @@ class NvmlCollector(object):
                                       labels=["Hostname"])
         listening.add_metric([self.hostname], 1 if self.xid_status.get("listening") else 0)
         yield listening
+        if self.expected_gpus is not None:  # said even when NVML is down: the alert compares the cards seen
+            expected = GaugeMetricFamily("llm_fleet_gpu_expected_count",
+                                         "GPUs the host should show (the inventory's nvidia_stack_expected_gpu_count).",
+                                         labels=["Hostname"])
+            expected.add_metric([self.hostname], self.expected_gpus)
+            yield expected
+        if self.model_record_path:
+            families += collect_model(read_model_record(self.model_record_path), self.hostname)
         for name, help_, samples in families:
             family = GaugeMetricFamily(name, help_, labels=sorted(samples[0][0]))
             for labels, value in samples:
@@ -362,6 +423,11 @@ def main(argv=None):
     parser.add_argument("--hostname", default=socket.gethostname())
     parser.add_argument("--requested", default="/etc/ansible/facts.d/llm_fleet_gpu_tuning.fact")
     parser.add_argument("--foreign-processes", default="refuse", choices=FOREIGN_POLICIES)
+    parser.add_argument("--expected-gpus", type=int, default=None,
+                        help="how many GPUs the host should show (exported for the GPU-missing alert)")
+    parser.add_argument("--model-record", default="/etc/ansible/facts.d/llm_fleet_model.fact",
+                        help="the model stage's record: each instance's expected decode speed and the model "
+                             "directory, whose filesystem's free space is exported; '' for none")
     parser.add_argument("--xid-journal", default=XID_JOURNAL,
                         help="where heard Xids are appended (the health gate reads it; keep it on a tmpfs "
                              "so that a reboot clears it); '' to not listen")
@@ -371,7 +437,8 @@ def main(argv=None):
 
     xid_status = {}
     REGISTRY.register(NvmlCollector(pynvml, args.hostname, args.requested, args.foreign_processes,
-                                    args.xid_journal or None, xid_status))
+                                    args.xid_journal or None, xid_status, args.expected_gpus,
+                                    args.model_record or None))
     if args.xid_journal:
         import threading
         threading.Thread(target=listen_for_xids, args=(pynvml, args.xid_journal), kwargs={"status": xid_status},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the demo and the tests need on a fresh Debian 12 machine, idempotent
 # and quick when already done:
-#   1. system packages (Docker engine, debootstrap, compilers for the mock NVML),
+#   1. system packages (Docker engine, debootstrap, compilers for the mock NVML, promtool),
 #   2. a running Docker engine,
 #   3. the control node's venv (.venv) from requirements.txt,
 #   4. the simulated host image, the local NVIDIA apt mirror and the host wheelhouse.
@@ -25,6 +25,9 @@ command -v dpkg-scanpackages >/dev/null || need_pkgs+=(dpkg-dev)
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v make >/dev/null || need_pkgs+=(make)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+# promtool, which checks and unit-tests the alert rules (tests/unit/test_alert_rules.py); the
+# package also brings Prometheus itself, which starts only where systemd runs.
+command -v promtool >/dev/null || need_pkgs+=(prometheus)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   step "installing system packages: ${need_pkgs[*]}"
   [ "$(id -u)" = 0 ] || { echo "setup: run as root to install ${need_pkgs[*]}" >&2; exit 1; }
@@ -66,12 +69,10 @@ fi
 # --- 4. Simulated fleet: image, NVIDIA apt mirror, wheelhouse ------------------
 step "simulated host image (Debian 12)"
 tests/harness/image/build-image.sh llm-fleet/host:bookworm bookworm
-# Debian 11 only for the scenario that runs it (make molecule SCENARIO=fleet_debian11).
-case " ${SCENARIO:-} ${SCENARIOS:-} " in
-  *" fleet_debian11 "*)
-    step "simulated host image (Debian 11)"
-    tests/harness/image/build-image.sh llm-fleet/host:bullseye bullseye ;;
-esac
+# Debian 11, the oldest host system the harness can build: the nvidia_stack scenario's
+# bullseye host (make test) and the fleet_debian11 scenario run it.
+step "simulated host image (Debian 11)"
+tests/harness/image/build-image.sh llm-fleet/host:bullseye bullseye
 step "local NVIDIA apt mirror"
 tests/harness/apt_repo/build-repo.sh "$harness_cache/nvidia-apt"
 

@@ -3,6 +3,7 @@ pynvml over the mock NVML, prometheus_client's HTTP server), scraped over HTTP a
 parsed with prometheus_client's own parser: dcgm-exporter's names and labels, values
 equal to what NVML reports, the health verdict, the allow-list."""
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -41,7 +42,8 @@ def exporter(gpu_host, tmp_path):
         port = free_port()
         proc = subprocess.Popen([sys.executable, str(app / "gpu_exporter.py"), "--listen", "127.0.0.1:%d" % port,
                                  "--hostname", "gpu-test", "--requested", str(tmp_path / "tuning.fact"),
-                                 "--xid-journal", str(tmp_path / "xid-events.jsonl")] + list(args),
+                                 "--xid-journal", str(tmp_path / "xid-events.jsonl"),
+                                 "--model-record", str(tmp_path / "model.fact")] + list(args),
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         procs.append(proc)
         url = "http://127.0.0.1:%d/metrics" % port
@@ -103,12 +105,36 @@ def test_dcgm_names_labels_and_values_equal_nvml(exporter):
     # the driver's reservation apart, as nvidia-smi and DCGM report it
     assert {v for _, v in metrics["DCGM_FI_DEV_FB_RESERVED"]} == {309}  # the profile's 324009984 bytes
     assert {v for _, v in metrics["DCGM_FI_DEV_RETIRED_DBE"]} == {0}
-    assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in metrics
+    assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in metrics and "DCGM_FI_DEV_ROW_REMAP_PENDING" not in metrics
     assert {v for _, v in metrics["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]} == {0}
     assert {v for _, v in metrics["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]} == {1}  # idle
     assert {v for _, v in metrics["llm_fleet_gpu_healthy"]} == {1}
     assert [(l["gpu"], v) for l, v in metrics["llm_fleet_gpu_power_limit_requested_watts"]] == [("1", 250)]
     assert [(l["gpu"], v) for l, v in metrics["llm_fleet_gpu_clock_lock_requested_mhz"]] == [("1", 1380)]
+    # no expected count asked, no plan recorded yet: none of their figures
+    assert not {"llm_fleet_gpu_expected_count", "llm_fleet_plan_decode_tokens_per_second",
+                "llm_fleet_model_filesystem_avail_bytes"} & set(metrics)
+
+
+def test_what_the_inventory_and_the_plan_expect(exporter):
+    """The GPU count the inventory expects, each instance's expected decode speed per
+    stream (one stream, and every slot busy) and the model directory's free space: what
+    the alerts compare with what the host shows (roles/prometheus)."""
+    start, scrape, env, tmp_path = exporter
+    models = tmp_path / "models"
+    models.mkdir()
+    (tmp_path / "model.fact").write_text(json.dumps({"model_dir": str(models), "plans": [
+        {"gpu_index": 0, "parallel": 4, "expected_decode_tps": 80.0, "expected_aggregate_tps": 200.0},
+        {"gpu_index": 1, "parallel": 1, "expected_decode_tps": 70.5, "expected_aggregate_tps": 70.5}]}))
+    metrics = scrape(start("--expected-gpus", "2"))
+    assert metrics["llm_fleet_gpu_expected_count"] == [({"Hostname": "gpu-test"}, 2)]
+    assert sorted((l["gpu"], l["streams"], v) for l, v in metrics["llm_fleet_plan_decode_tokens_per_second"]) == [
+        ("0", "1", 80.0), ("0", "4", 50.0), ("1", "1", 70.5)]
+    fs = os.statvfs(str(models))
+    [(labels, size)] = metrics["llm_fleet_model_filesystem_size_bytes"]
+    assert labels == {"path": str(models), "Hostname": "gpu-test"} and size == fs.f_blocks * fs.f_frsize
+    [(labels, avail)] = metrics["llm_fleet_model_filesystem_avail_bytes"]
+    assert labels["path"] == str(models) and abs(avail - fs.f_bavail * fs.f_frsize) < 256 * (1 << 20)
 
 
 def test_a_sick_card_shows_its_counters_and_its_verdict(exporter):
@@ -178,6 +204,8 @@ def test_nvml_down_is_reported_not_a_crash(exporter, tmp_path):
     [(labels, value)] = metrics["llm_fleet_gpu_exporter_nvml_up"]
     assert value == 0 and "Driver Not Loaded" in labels["error"]
     assert "DCGM_FI_DEV_FB_USED" not in metrics
+    # the cards expected are still said: none seen is what the GPU-missing alert needs
+    assert [v for _, v in scrape(start("--expected-gpus", "2"))["llm_fleet_gpu_expected_count"]] == [2]
 
 
 def test_clients_outside_the_allow_list_are_refused():
@@ -209,3 +237,16 @@ def test_a_lost_card_does_not_blind_the_exporter_to_the_other(exporter):
     assert metrics["llm_fleet_gpu_exporter_nvml_up"][0][1] == 1
     assert sorted((l["gpu"], v) for l, v in metrics["llm_fleet_gpu_lost"]) == [("0", 0), ("1", 1)]
     assert sorted(by_gpu(metrics["DCGM_FI_DEV_FB_USED"])) == ["0"]
+
+
+def test_an_ampere_card_reports_its_row_remapper(exporter):
+    start, scrape, env, tmp_path = exporter
+    profile = tmp_path / "ampere.profile"
+    text = (PROFILE_DIR / (DUAL + ".profile")).read_text().replace("gpu.architecture=5", "gpu.architecture=7")
+    profile.write_text(text + "\ngpu1.remapped_rows_pending=1\ngpu1.remapped_rows_uncorrectable=2\n")
+    env["MOCK_NVML_PROFILE"] = str(profile)
+    metrics = scrape(start())
+    assert "DCGM_FI_DEV_RETIRED_PENDING" not in metrics
+    assert sorted((l["gpu"], v) for l, v in metrics["DCGM_FI_DEV_ROW_REMAP_PENDING"]) == [("0", 0), ("1", 1)]
+    assert sorted((l["gpu"], v) for l, v in metrics["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]) == [("0", 0), ("1", 2)]
+    assert {v for _, v in metrics["DCGM_FI_DEV_ROW_REMAP_FAILURE"]} == {0}

@@ -81,7 +81,7 @@ def _vars(version, **over):
         # gpu_exporter
         "gpu_exporter_listen": "0.0.0.0:9400", "gpu_exporter_allow": ["10.0.0.5/32", "fd00::/64"],
         "gpu_exporter_dir": "/opt/llm-fleet/gpu-exporter", "gpu_exporter_user": "llm-gpu-exporter",
-        "gpu_exporter_foreign_gpu_processes": "refuse", "inventory_hostname": "gpu-a01",
+        "gpu_exporter_foreign_gpu_processes": "refuse", "gpu_exporter_expected_gpus": 2, "inventory_hostname": "gpu-a01",
         "ansible_facts": {"nvidia_gpus": [{"minor_number": 0}, {"minor_number": 3}]},
     }
     base.update(over)
