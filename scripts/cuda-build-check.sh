@@ -74,8 +74,10 @@ set +e
 ansible-playbook -i "$dir/inventory.yml" -e "@$dir/vars.yml" playbooks/llama_cpp.yml | tee "$dir/playbook.log"
 rc=${PIPESTATUS[0]}
 set -e
-grep -E '^\s+"?(source|configure|compile|ccache|package|total|built)\s' "$dir/playbook.log" | sed 's/^ *"*//; s/",*$//' \
-  | while read -r line; do note "$line"; done
+# the role's build summary ("source  1 s", ...) as the YAML callback prints a list: "- source  1 s";
+# none found (a failed build) must not end the script before it says why
+{ grep -E '^\s+(- )?"?(source|configure|compile|ccache|package|total|built)\s' "$dir/playbook.log" || true; } \
+  | sed 's/^ *\(- \)\{0,1\}"*//; s/",*$//' | while read -r line; do note "$line"; done
 [ "$rc" = 0 ] || { note "FAILED: playbooks/llama_cpp.yml exited $rc (log: $dir/playbook.log)"; exit "$rc"; }
 
 # --- 4. What the role installed -------------------------------------------------
