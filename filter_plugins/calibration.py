@@ -25,6 +25,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.plan_speed import CALIBRATION_VERSION, merge_calibration  # noqa: E402
+from ansible.module_utils.speed_gate import merge_baselines  # noqa: E402
 
 
 def llm_fleet_calibration(text, path="the calibration file"):
@@ -51,6 +52,19 @@ def llm_fleet_calibration_merge(existing, records):
     return merge_calibration(existing or {}, records or [])
 
 
+def llm_fleet_baselines_merge(calibration, gates, measured_at=None):
+    """The calibration file's content with the speed baselines of the hosts whose
+    measurement the rollout's speed gate accepted (gates: [{host, gate}]), each
+    replacing that card's older entry for the same configuration."""
+    out = dict(calibration or {})
+    baselines = out.get("baselines") or []
+    for item in gates or []:
+        baselines = merge_baselines(baselines, item.get("host"), (item.get("gate") or {}).get("verdicts"), measured_at)
+    if baselines:
+        out["baselines"] = baselines
+    return out
+
+
 def llm_fleet_calibration_line(record):
     """One measured record, to read: 'gpu01 Tesla V100-SXM2-32GB (GPU-...) Q4_K_M dense:
     efficiency 0.6 (26.1 of 43.5 tok/s), aggregate exponent 0.58'."""
@@ -66,4 +80,5 @@ class FilterModule(object):
             "llm_fleet_calibration": llm_fleet_calibration,
             "llm_fleet_calibration_merge": llm_fleet_calibration_merge,
             "llm_fleet_calibration_line": llm_fleet_calibration_line,
+            "llm_fleet_baselines_merge": llm_fleet_baselines_merge,
         }

@@ -264,4 +264,8 @@ def merge_calibration(existing, new_records):
     kept = [r for r in old.values() if key(r) not in keys]
     records = sorted(kept + fresh, key=lambda r: (str(r.get("gpu_name")), str(r.get("quant")), str(r.get("host")),
                                                    str(r.get("gpu_uuid"))))
-    return {"version": CALIBRATION_VERSION, "records": records}
+    out = {"version": CALIBRATION_VERSION, "records": records}
+    # the rollout's speed baselines (module_utils/speed_gate.py) live in the same file
+    if isinstance(existing, dict) and existing.get("baselines"):
+        out["baselines"] = existing["baselines"]
+    return out

@@ -84,7 +84,7 @@ def harness_group_vars():
         return yaml.safe_load(handle)
 
 
-def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None):
+def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None, tags=None):
     """Run one of the project's playbooks against simulated hosts (put in
     gpu_servers) the way an operator would, with an inventory written here.
     Returns the CompletedProcess; output is in .stdout."""
@@ -95,7 +95,8 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, s
     inventory = os.path.join(workdir, "hosts.yml")
     with open(inventory, "w") as handle:
         yaml.safe_dump({"all": {"vars": harness_group_vars(),
-                                "children": {"gpu_servers": {"hosts": {h: {} for h in hosts}}}}}, handle)
+                                "children": {"gpu_servers": {"hosts": {h: {} for h in hosts}}}}}, handle,
+                       sort_keys=False)  # the hosts in the order given (site.yml's canary is the first)
     argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory,
             os.path.join(repo, playbook)]
     if extra_vars:
@@ -104,6 +105,8 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, s
         argv.append("--check")
     if skip_tags:
         argv += ["--skip-tags", ",".join(skip_tags)]
+    if tags:
+        argv += ["--tags", ",".join(tags)]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(repo, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=1200)

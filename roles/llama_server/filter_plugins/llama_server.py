@@ -88,9 +88,10 @@ def llama_server_health_retries(model_bytes, base_s, per_gib_s, delay_s):
     return int(math.ceil(seconds / float(delay_s)))
 
 
-def llama_server_instance(plan, base_port, build_key=""):
+def llama_server_instance(plan, base_port, build_key="", fingerprints=None):
     """What the local fact records of one instance (build_key: the llama.cpp build
-    it runs, which the llama_cpp stage never prunes)."""
+    it runs, which the llama_cpp stage never prunes; fingerprints: {gpu index:
+    hash of what it serves: drop-in, unit template, API key})."""
     keys = ("gpu_index", "gpu_uuid", "model_path", "quant", "ctx_size", "parallel", "cache_type_k", "cache_type_v")
     entry = {key: plan.get(key) for key in keys}
     # every GPU the instance uses (a split plan: more than one)
@@ -100,6 +101,7 @@ def llama_server_instance(plan, base_port, build_key=""):
     entry["port"] = int(base_port) + int(plan["gpu_index"])
     entry["unit"] = "llama-server@%s.service" % plan["gpu_index"]
     entry["build_key"] = build_key
+    entry["fingerprint"] = (fingerprints or {}).get(str(plan["gpu_index"]))
     return entry
 
 

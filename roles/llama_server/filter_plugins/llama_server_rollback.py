@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+"""What the rollout's speed gate needs from an instance's drop-in and fact when it
+switches instances back to the plan they served before (tasks/rollback.yml)."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+
+def llama_server_dropin_build(text):
+    """The llama.cpp build key a drop-in runs: its '# build KEY' line (templates/plan.conf.j2)."""
+    match = re.search(r"^# build (\S+)\s*$", str(text or ""), re.MULTILINE)
+    if not match:
+        raise AnsibleFilterError("the drop-in names no build ('# build KEY' line): it was not written by this role")
+    return match.group(1)
+
+
+def llama_server_record_rollback(fact, rolled_back, fingerprints=None):
+    """The llama_server fact with the switched-back instances' build and fingerprint,
+    and its summary saying so."""
+    fact = dict(fact or {})
+    back = dict((int(r["gpu_index"]), r) for r in rolled_back or [])
+    instances = []
+    for entry in fact.get("instances") or []:
+        entry = dict(entry)
+        if int(entry.get("gpu_index", -1)) in back:
+            refused = entry.get("build_key")
+            entry["build_key"] = back[int(entry["gpu_index"])]["build_key"]
+            entry["fingerprint"] = (fingerprints or {}).get(str(entry["gpu_index"]), entry.get("fingerprint"))
+            entry["rolled_back_from"] = refused
+        instances.append(entry)
+    fact["instances"] = instances
+    notes = ["GPU %s switched back to build %s" % (r["gpu_index"], r["build_key"]) for r in rolled_back or []]
+    fact["summary"] = "%s; %s (the rollout's speed gate refused the change)" % (
+        str(fact.get("summary") or "").rstrip(), ", ".join(notes)) if notes else fact.get("summary")
+    return fact
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "llama_server_dropin_build": llama_server_dropin_build,
+            "llama_server_record_rollback": llama_server_record_rollback,
+        }

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+"""The rollout's speed gate on one host (module_utils/speed_gate.py): which
+instances changed since the verify stage last accepted them, and whether each
+changed one serves at least min_ratio of the fleet's baseline."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+import ansible.module_utils
+from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.speed_gate import check_min_ratio, judge  # noqa: E402
+
+
+def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enabled=True):
+    """record: this run's verify record of the host; served: the llama_server
+    fact's instances (each with the fingerprint of what it serves); accepted:
+    {gpu index: fingerprint} the previous verify fact accepted; calibration: the
+    fleet's calibration file's content (its `baselines`).
+
+    Returns {enabled, gated, refused, verdicts, accepted, messages}: `accepted` is
+    what the next run compares against (a refused instance keeps its old entry)."""
+    try:
+        check_min_ratio(min_ratio)
+    except ValueError as err:
+        raise AnsibleFilterError("verify_speed_gate_min_ratio: %s" % err)
+    build = ((record or {}).get("llama_cpp") or {}).get("build_key")
+    fingerprints = dict((str(i.get("gpu_index")), i.get("fingerprint")) for i in served or [])
+    previous = dict((str(k), v) for k, v in (accepted or {}).items())
+    baselines = (calibration or {}).get("baselines") or []
+    verdicts, now_accepted = [], {}
+    for inst in (record or {}).get("instances") or []:
+        index = str(inst.get("gpu_index"))
+        fingerprint = fingerprints.get(index)
+        gated = bool(enabled) and fingerprint is not None and previous.get(index) != fingerprint
+        verdict = judge(inst, baselines, min_ratio, gated=gated, build=build)
+        verdict["fingerprint"] = fingerprint
+        verdicts.append(verdict)
+        if verdict["verdict"] == "refuse":
+            if index in previous:
+                now_accepted[index] = previous[index]
+        elif fingerprint is not None and (gated or not enabled or index in previous):
+            now_accepted[index] = fingerprint
+        elif index in previous:
+            now_accepted[index] = previous[index]
+    refused = [v for v in verdicts if v["verdict"] == "refuse"]
+    return {
+        "enabled": bool(enabled),
+        "min_ratio": float(min_ratio),
+        "build": build,
+        "gated": [v["gpu_index"] for v in verdicts if v["gated"]],
+        "refused": [v["gpu_index"] for v in refused],
+        "verdicts": verdicts,
+        "accepted": now_accepted,
+        "messages": [v["message"] for v in verdicts if v["gated"]],
+    }
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"verify_speed_gate": verify_speed_gate}
