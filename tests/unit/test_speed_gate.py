@@ -22,7 +22,9 @@ UUID = "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4"
 def record(single=600.0, slots=900.0, prompt=2000.0, gpu_index=0, **extra):
     out = {"gpu_index": gpu_index, "gpu_uuid": UUID, "gpu_name": "Tesla V100-SXM2-32GB", "quant": "F32",
            "ctx_size": 2048, "parallel": 2, "cache_type_k": "f16", "split_mode": "none", "n_predict": 16,
-           "single_stream_tps": single, "aggregate_slots_tps": slots, "llama_bench": {"prompt_tps": prompt},
+           "single_stream_tps": single, "llama_bench": {"prompt_tps": prompt},
+           "levels": [{"concurrency": 1, "aggregate_decode_tps": single},
+                      {"concurrency": 2, "aggregate_decode_tps": slots, "aggregate_tps": slots / 3}],
            "errors": []}
     out.update(extra)
     return out
@@ -31,7 +33,7 @@ def record(single=600.0, slots=900.0, prompt=2000.0, gpu_index=0, **extra):
 def baseline(host="gpu01", single=600.0, slots=900.0, prompt=2000.0, **config):
     rec = record(single, slots, prompt, **config)
     return {"host": host, "gpu_uuid": UUID, "config": sg.config_key(rec),
-            "figures": {"single_stream_tps": single, "aggregate_slots_tps": slots, "prompt_tps": prompt}}
+            "figures": {"single_stream_tps": single, "all_slots_decode_tps": slots, "prompt_tps": prompt}}
 
 
 def test_an_unchanged_instance_is_reported_not_gated():
@@ -42,7 +44,7 @@ def test_an_unchanged_instance_is_reported_not_gated():
 def test_a_changed_instance_as_fast_as_the_baseline_passes():
     verdict = sg.judge(record(single=590, slots=880, prompt=1950), [baseline()], build="b2")
     assert verdict["verdict"] == "pass"
-    assert [c["figure"] for c in verdict["checks"]] == ["single_stream_tps", "aggregate_slots_tps", "prompt_tps"]
+    assert [c["figure"] for c in verdict["checks"]] == ["single_stream_tps", "all_slots_decode_tps", "prompt_tps"]
     assert all(c["ok"] for c in verdict["checks"])
     assert "GPU 0 (build b2): at least 0.90 of the fleet's baseline" in verdict["message"]
 
@@ -56,13 +58,21 @@ def test_a_slower_build_is_refused_naming_the_figure_and_the_ratio():
     assert "build slow" in verdict["message"]
 
 
-@pytest.mark.parametrize("figure", ["aggregate_slots_tps", "prompt_tps"])
+@pytest.mark.parametrize("figure", ["all_slots_decode_tps", "prompt_tps"])
 def test_each_figure_can_refuse_on_its_own(figure):
     slow = {"single": 600, "slots": 900, "prompt": 2000}
-    slow[{"aggregate_slots_tps": "slots", "prompt_tps": "prompt"}[figure]] *= 0.5
+    slow[{"all_slots_decode_tps": "slots", "prompt_tps": "prompt"}[figure]] *= 0.5
     verdict = sg.judge(record(**slow), [baseline()])
     assert verdict["verdict"] == "refuse"
     assert [c["figure"] for c in verdict["checks"] if not c["ok"]] == [figure]
+
+
+def test_every_slot_busy_is_the_decode_rate_not_tokens_over_the_wall_time():
+    rec = record(slots=900)
+    assert sg.judge(rec, [])["figures"]["all_slots_decode_tps"] == 900
+    del rec["levels"]
+    rec["aggregate_slots_tps"] = 300  # an older record: the wall-time figure is all there is
+    assert sg.judge(rec, [])["figures"]["all_slots_decode_tps"] == 300
 
 
 def test_a_failed_measurement_is_refused():
@@ -152,7 +162,7 @@ def test_the_calibration_file_keeps_the_baselines_beside_the_records():
     content = calibration.llm_fleet_baselines_merge(
         calibration.llm_fleet_calibration_merge({"version": 1, "records": []}, []),
         [{"host": "gpu01", "gate": passed}], "t")
-    assert content["baselines"][0]["figures"] == {"single_stream_tps": 600, "aggregate_slots_tps": 900,
+    assert content["baselines"][0]["figures"] == {"single_stream_tps": 600, "all_slots_decode_tps": 900,
                                                   "prompt_tps": 2000}
     # the decode calibration's own merge keeps them
     again = calibration.llm_fleet_calibration_merge(content, [])
