@@ -302,6 +302,7 @@ recurrent_state_bytes_per_sequence:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.fleet_errors import fail
 
 try:
     import gguf  # noqa: F401  (imported again, lazily, by gguf_model)
@@ -321,14 +322,13 @@ def main():
         supports_check_mode=True,
     )
     if not HAS_GGUF:
-        module.fail_json(
-            msg=missing_required_lib("gguf", reason="to read GGUF headers (install it into the Python this module "
-                                                    "runs with, e.g. the project's host venv)"),
-            exception=GGUF_IMPORT_ERROR)
+        fail(module, missing_required_lib("gguf", reason="to read GGUF headers (install it into the Python this "
+                                                         "module runs with, e.g. the project's host venv)"),
+             exception=GGUF_IMPORT_ERROR)
     try:
         info = read_model(module.params["path"])
     except GGUFError as err:
-        module.fail_json(msg="Cannot describe the model: %s" % err)
+        fail(module, "Cannot describe the model: %s" % err)
     module.exit_json(changed=False, **info)
 
 

@@ -84,6 +84,7 @@ current:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.fleet_errors import fail
 
 try:
     import pynvml
@@ -111,16 +112,16 @@ def main():
         supports_check_mode=True,
     )
     if pynvml is None:
-        module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to read the GPUs through NVML"),
-                         exception=PYNVML_IMPORT_ERROR)
+        fail(module, missing_required_lib("nvidia-ml-py", reason="to read the GPUs through NVML"),
+             exception=PYNVML_IMPORT_ERROR)
     request = {key: module.params[key] for key in
                ("persistence", "locked_graphics_clock_mhz", "power_limit_w", "power_limit_fraction",
                 "memory_clock_mhz")}
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as err:
-        module.fail_json(msg="NVML does not answer (%s): run the nvidia_stack stage first, or reboot "
-                             "if the driver was just upgraded." % err)
+        fail(module, "NVML does not answer (%s): run the nvidia_stack stage first, or reboot "
+                     "if the driver was just upgraded." % err)
     try:
         gpus = [read_gpu(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
         settings = resolve(gpus, request, strict=module.params["strict"])
@@ -128,9 +129,9 @@ def main():
         for entry in settings:
             current[entry["uuid"]] = current_state(pynvml, pynvml.nvmlDeviceGetHandleByIndex(entry["index"]))
     except TuningError as err:
-        module.fail_json(msg=str(err))
+        fail(module, str(err))
     except pynvml.NVMLError as err:
-        module.fail_json(msg="NVML failed while reading the GPUs: %s" % err)
+        fail(module, "NVML failed while reading the GPUs: %s" % err)
     finally:
         pynvml.nvmlShutdown()
     for entry in settings:

@@ -262,6 +262,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible.module_utils.fleet_errors import fail
 from ansible.module_utils.gguf_model import GGUFError, read_model
 from ansible.module_utils.llama_plan import PlanError, model_from_metadata, plan_host
 
@@ -319,10 +320,10 @@ def main():
         result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
                            module.params["calibration"] or None)
     except ImportError:
-        module.fail_json(msg=missing_required_lib("gguf", reason="to read the candidates given by path"),
-                         exception=traceback.format_exc())
+        fail(module, missing_required_lib("gguf", reason="to read the candidates given by path"),
+             exception=traceback.format_exc())
     except (GGUFError, PlanError) as err:
-        module.fail_json(msg=str(err), table=str(err).splitlines())
+        fail(module, str(err), table=str(err).splitlines())
     result["warnings"] = load_warnings + result["warnings"]
     for warning in result["warnings"]:
         module.warn(warning)

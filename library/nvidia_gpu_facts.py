@@ -97,6 +97,7 @@ ansible_facts:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.fleet_errors import fail
 
 try:
     import pynvml
@@ -114,10 +115,8 @@ def main():
     module = AnsibleModule(argument_spec={"xid_journal": {"type": "path", "default": XID_JOURNAL}},
                            supports_check_mode=True)
     if pynvml is None:
-        module.fail_json(
-            msg=missing_required_lib(
-                "nvidia-ml-py",
-                reason="to read the GPUs through NVML (install it into the Python this module runs with)"),
+        fail(module, missing_required_lib(
+            "nvidia-ml-py", reason="to read the GPUs through NVML (install it into the Python this module runs with)"),
             exception=PYNVML_IMPORT_ERROR)
     facts = {
         "nvidia_gpus": [],
