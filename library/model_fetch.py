@@ -37,7 +37,9 @@ options:
     required: true
     suboptions:
       url:
-        description: Where to get the file (C(http://), C(https://) or C(file://)); one of I(url) or I(path).
+        description:
+          - Where to get the file (C(http://), C(https://) or C(file://)); one of I(url) or I(path).
+          - A C(file://) URL must name a regular file (a FIFO, device or directory is refused, never opened).
         type: str
       path:
         description: A pre-staged file that is only verified in place; one of I(url) or I(path).
@@ -57,20 +59,29 @@ options:
     type: dict
     default: {}
   hf_token:
-    description: A Hugging Face token, sent as C(Authorization) only to C(huggingface.co) and C(hf.co) URLs.
+    description:
+      - A Hugging Face token, sent as C(Authorization) only to C(huggingface.co) and C(hf.co) URLs.
+      - A token or header value holding a line break (CR, LF) or another control character is refused by name,
+        without showing it; no message, result or progress file of the module carries a secret.
     type: str
   timeout:
-    description: Seconds a connection or a read may stall before the attempt counts as failed.
+    description: Seconds a connection or a read may stall before the attempt counts as failed (1 to 86400).
     type: int
     default: 60
   retries:
-    description: Further attempts after an interrupted transfer, each resuming where the last one stopped.
+    description: Further attempts after an interrupted transfer, each resuming where the last one stopped (0 to 100).
     type: int
     default: 3
   retry_delay:
-    description: Seconds before the first retry; doubled at each one (at most 60).
+    description: Seconds before the first retry (0 to 60); doubled at each one (at most 60).
     type: float
     default: 2.0
+  lock_timeout:
+    description:
+      - Seconds to wait for another run downloading into the same I(dest) (one download at a time per directory),
+        0 to 86400; past it the module fails and names the run holding the lock (pid and host).
+    type: int
+    default: 600
   min_free_bytes:
     description: Bytes that must stay free on the destination's filesystem after the downloads.
     type: int
@@ -83,6 +94,7 @@ options:
     description:
       - Where to write the download's progress as JSON (file, done_bytes, total_bytes, rate_bytes_per_s, eta_s,
         finished), every 2 seconds, for a role that runs the module in the background (async) to report it.
+      - A file in an existing directory (not a directory).
     type: path
 extends_documentation_fragment:
   - files
@@ -151,12 +163,30 @@ paths:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.model_download import DEFAULT_MIN_FREE_BYTES, FetchError, ProgressFile, fetch_all
+from ansible.module_utils.fleet_errors import fail, header_secrets, scrub
+from ansible.module_utils.model_download import (DEFAULT_LOCK_TIMEOUT, DEFAULT_MIN_FREE_BYTES, DEFAULT_TIMEOUT,
+                                                 FetchError, ProgressFile, fetch_all)
 
 
 def _finish(progress, error=None):
+    """Best effort: a progress file that cannot be written must not hide the error."""
     if progress is not None:
-        progress.finish(error)
+        try:
+            progress.finish(error)
+        except (FetchError, OSError, IOError):
+            pass
+
+
+def _url_secrets(files):
+    """The user:password of each URL (kept out of the result's invocation too)."""
+    found = []
+    for item in files or []:
+        url = item.get("url") if isinstance(item, dict) else None
+        if not isinstance(url, str) or "@" not in url:
+            continue
+        userinfo = url.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+        found.extend(part for part in (userinfo, userinfo.partition(":")[2]) if len(part) >= 3)
+    return found
 
 
 def main():
@@ -172,33 +202,39 @@ def main():
             ), mutually_exclusive=[("url", "path")], required_one_of=[("url", "path")]),
             headers=dict(type="dict", default={}, no_log=True),
             hf_token=dict(type="str", no_log=True),
-            timeout=dict(type="int", default=60),
+            timeout=dict(type="int", default=DEFAULT_TIMEOUT),
             retries=dict(type="int", default=3),
             retry_delay=dict(type="float", default=2.0),
             min_free_bytes=dict(type="int", default=DEFAULT_MIN_FREE_BYTES),
             checksum_cache=dict(type="bool", default=True),
             progress_file=dict(type="path"),
+            lock_timeout=dict(type="int", default=DEFAULT_LOCK_TIMEOUT),
         ),
         add_file_common_args=True,
         supports_check_mode=True,
     )
     params = module.params
-    if params["timeout"] < 1 or params["retries"] < 0 or params["min_free_bytes"] < 0:
-        module.fail_json(msg="timeout must be at least 1, retries and min_free_bytes at least 0 (got %s, %s, %s)"
-                             % (params["timeout"], params["retries"], params["min_free_bytes"]))
-    progress = ProgressFile(params["progress_file"]) if params["progress_file"] and not module.check_mode else None
+    secrets = _url_secrets(params["files"]) + header_secrets(params["headers"])
+    module.no_log_values.update(secrets)
+    secrets += list(module.no_log_values)
+    progress = None
     try:
+        if params["progress_file"] and not module.check_mode:
+            progress = ProgressFile(params["progress_file"], secrets=secrets)
         result = fetch_all(
             params["files"], params["dest"], check_mode=module.check_mode, headers=params["headers"],
             hf_token=params["hf_token"], timeout=params["timeout"], retries=params["retries"],
             retry_delay=params["retry_delay"], min_free_bytes=params["min_free_bytes"],
-            checksum_cache=params["checksum_cache"], progress=progress)
+            checksum_cache=params["checksum_cache"], progress=progress, lock_timeout=params["lock_timeout"])
     except FetchError as err:
-        _finish(progress, str(err))
-        module.fail_json(msg=str(err))
+        message = str(err)
     except (OSError, IOError) as err:
-        _finish(progress, str(err))
-        module.fail_json(msg="model_fetch failed on %s: %s" % (getattr(err, "filename", None) or params["dest"], err))
+        message = "model_fetch failed on %s: %s" % (getattr(err, "filename", None) or params["dest"], err)
+    else:
+        message = None
+    if message is not None:
+        _finish(progress, scrub(message, secrets))
+        fail(module, message, secrets)
     _finish(progress)
 
     changed = result["changed"]

@@ -19,6 +19,8 @@ import hashlib
 import json
 import os
 import re
+import socket
+import stat
 import time
 
 try:  # Python 3
@@ -29,6 +31,8 @@ try:  # Python 3
 except ImportError:  # pragma: no cover - Python 2 is not supported, but keep imports safe for sanity tests
     http_client = urllib_error = urllib_parse = urllib_request = None
 
+from ansible.module_utils.fleet_errors import header_secrets, scrub
+
 CHUNK_BYTES = 1 << 20
 GIB = 1 << 30
 DEFAULT_TIMEOUT = 60
@@ -38,6 +42,21 @@ USER_AGENT = "llm-fleet-model-fetch/1"
 HF_HOSTS = ("huggingface.co", "hf.co")
 # Longest pause between two attempts of one download.
 MAX_RETRY_DELAY = 60.0
+# Bounds of the module's numbers: a stall of more than a day is a hung server, not
+# a slow one (and a socket's timeout overflows past about 9*10^9 s); more attempts than this
+# only hide a broken URL.
+MAX_TIMEOUT = 86400
+MAX_RETRIES = 100
+DEFAULT_LOCK_TIMEOUT = 600
+MAX_LOCK_TIMEOUT = 86400
+# Who holds the download directory's lock (pid, host, since), next to the files.
+LOCK_RECORD = ".model_fetch.lock"
+# RFC 7230 token: what an HTTP header's name may hold.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# A header value or token may not hold control characters (tab aside in a header).
+_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_LINE_BREAK = re.compile(r"[\r\n]")
+_URL_BAD = re.compile(r"[\x00-\x20\x7f]")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.I)
 _UNSATISFIED_RANGE = re.compile(r"^\s*bytes\s+\*/(\d+)\s*$", re.I)
@@ -88,7 +107,7 @@ def sha256_of(path, hasher=None, limit=None):
     """Hash a file (or its first `limit` bytes) into `hasher` (new if None)."""
     hasher = hasher or hashlib.sha256()
     remaining = limit
-    with open(path, "rb") as handle:
+    with open_regular(path, "the file") as handle:
         while remaining is None or remaining > 0:
             block = handle.read(CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining))
             if not block:
@@ -208,10 +227,138 @@ def _fsync_dir(directory):
 
 
 def redact_url(url):
-    """The URL without user:password and without its query string (signed URLs)."""
-    parts = urllib_parse.urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urllib_parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    """The URL without user:password and without its query string (signed URLs);
+    one that cannot be parsed is cut at its query and scrubbed as text."""
+    try:
+        parts = urllib_parse.urlsplit(str(url))
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        return urllib_parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    except ValueError:
+        return scrub(re.split(r"[?#]", str(url), 1)[0])
+
+
+def check_url(url, what):
+    """Refuse a URL that cannot be fetched, naming `what` (e.g. files[0].url) and
+    what to fix; returns its urlsplit() parts."""
+    if not isinstance(url, str) or not url:
+        raise FetchError("%s must be a URL (http://, https:// or file://), got %s" % (what, type(url).__name__))
+    if _URL_BAD.search(url):
+        raise FetchError("%s %r holds a space or a control character: percent-encode it (%%20, ...)."
+                         % (what, redact_url(url)))
+    try:
+        parts = urllib_parse.urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise FetchError("%s %r is not a valid URL (%s): check the brackets of an IPv6 address "
+                         "(http://[::1]:8000/x) and that the port is a number from 1 to 65535."
+                         % (what, redact_url(url), err))
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https", "file"):
+        raise FetchError("%s %s: only http://, https:// and file:// are supported" % (what, redact_url(url)))
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise FetchError("%s %r names a host (%s): a file:// URL is a path on this host, file:///path/to/model.gguf."
+                             % (what, redact_url(url), parts.netloc.rsplit("@", 1)[-1]))
+        if not parts.path.startswith("/"):
+            raise FetchError("%s %r: a file:// URL needs an absolute path, file:///path/to/model.gguf."
+                             % (what, redact_url(url)))
+    else:
+        if not parts.hostname:
+            raise FetchError("%s %r has no host: write it as %s://host[:port]/path." % (what, redact_url(url), scheme))
+        if port == 0:
+            raise FetchError("%s %r: port 0 is not a port; give one from 1 to 65535." % (what, redact_url(url)))
+    return parts
+
+
+def _refuse_line_break(value, what):
+    """A header value or token holding CR or LF would end the header and start
+    another one: refused, naming `what` and never the value."""
+    if _HEADER_VALUE_BAD.search(value):
+        kind = "a line break (CR or LF)" if _LINE_BREAK.search(value) else "a control character"
+        raise FetchError("%s holds %s; it would end the HTTP header and start another. The value is not shown: "
+                         "remove the character (a copied token often ends in a newline: strip it)." % (what, kind))
+
+
+def check_headers(headers, hf_token=None):
+    """The request headers and the Hugging Face token, checked: a dict of str to str;
+    raises FetchError naming the header (never its value)."""
+    if headers is None:
+        headers = {}
+    if not isinstance(headers, dict):
+        raise FetchError("headers must be a mapping of header name to value, got %s" % type(headers).__name__)
+    checked = {}
+    for key, value in headers.items():
+        name = str(key)
+        if not _HEADER_NAME.match(name):
+            raise FetchError("headers has the name %r: a header name is letters, digits and !#$%%&'*+-.^_`|~, without "
+                             "spaces, colons or control characters." % scrub(name))
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise FetchError("headers[%s] must be a string, got %s (the value is not shown)"
+                             % (name, "a boolean" if isinstance(value, bool) else type(value).__name__))
+        value = str(value)
+        _refuse_line_break(value, "headers[%s]" % name)
+        checked[name] = value
+    if hf_token is not None:
+        if not isinstance(hf_token, str):
+            raise FetchError("hf_token must be a string, got %s (the value is not shown)" % type(hf_token).__name__)
+        _refuse_line_break(hf_token, "hf_token")
+        if re.search(r"\s", hf_token.strip()) or hf_token != hf_token.strip():
+            raise FetchError("hf_token holds spaces; a Hugging Face token is one word (hf_...). The value is not "
+                             "shown: copy the token again.")
+    return checked
+
+
+def _number(value, what, low, high, fix, integer=True):
+    """`value` as an int (or float) in [low, high], else FetchError naming `what`."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = int(value) if integer else float(value)
+        if integer and float(value) != number:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None or number != number or not low <= number <= high:
+        raise FetchError("%s is %r: give %s from %s to %s (%s)." % (what, value, "a whole number" if integer
+                                                                    else "a number", low, high, fix))
+    return number
+
+
+def check_options(timeout=DEFAULT_TIMEOUT, retries=3, retry_delay=2.0, min_free_bytes=DEFAULT_MIN_FREE_BYTES,
+                  lock_timeout=DEFAULT_LOCK_TIMEOUT):
+    """The module's numbers, checked against their bounds: a dict of the values;
+    raises FetchError naming the option, its value and the range."""
+    return {
+        "timeout": _number(timeout, "timeout", 1, MAX_TIMEOUT,
+                           "seconds a connection or read may stall; llm_model_download_timeout"),
+        "retries": _number(retries, "retries", 0, MAX_RETRIES, "further attempts; llm_model_download_retries"),
+        "retry_delay": _number(retry_delay, "retry_delay", 0, MAX_RETRY_DELAY,
+                               "seconds before the first retry, doubled at each one up to %d" % MAX_RETRY_DELAY,
+                               integer=False),
+        "min_free_bytes": _number(min_free_bytes, "min_free_bytes", 0, 1 << 60,
+                                  "bytes to keep free; llm_model_min_free_bytes"),
+        "lock_timeout": _number(lock_timeout, "lock_timeout", 0, MAX_LOCK_TIMEOUT,
+                                "seconds to wait for another run's download into the same directory"),
+    }
+
+
+def check_progress_path(path):
+    """A progress file must be a file in an existing directory (it is replaced
+    atomically: a temporary file beside it, then a rename)."""
+    if path is None:
+        return None
+    path = str(path)
+    if os.path.isdir(path):
+        raise FetchError("progress_file %s is a directory: give the path of a file in it, e.g. %s "
+                         "(llm_model_progress_file)." % (path, os.path.join(path, "model-fetch-progress.json")))
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise FetchError("progress_file %s exists and is not a regular file: give another path "
+                         "(llm_model_progress_file)." % path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FetchError("progress_file %s: the directory %s does not exist; create it or give another path "
+                         "(llm_model_progress_file)." % (path, parent))
+    return path
 
 
 def is_hf_host(url):
@@ -220,6 +367,42 @@ def is_hf_host(url):
 
 
 # --- sources: HTTP(S) and file:// -----------------------------------------------
+
+def _kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path, what):
+    """`path` opened for reading, only if it is a regular file: a FIFO would block
+    open() (and a read) until someone writes to it, a device never ends. Opened
+    with O_NONBLOCK (which does nothing to a regular file) and checked again with
+    fstat, so a file swapped for a FIFO between the two checks is refused too."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise FetchError("%s %s is %s, not a regular file: point the url at the model file itself."
+                             % (what, path, _kind(st.st_mode)))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except (OSError, IOError) as err:
+        raise FetchError("Cannot read %s %s: %s. Check the path, or that the mirror is mounted."
+                         % (what, path, err.strerror or err))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FetchError("%s %s is %s, not a regular file: point the url at the model file itself."
+                             % (what, path, _kind(st.st_mode)))
+        if hasattr(os, "O_NONBLOCK") and hasattr(fcntl, "F_GETFL"):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 class Source(object):
     """One response: `status` 200 (whole file), 206 (from `start`) or 416 (the
@@ -274,15 +457,10 @@ def _http_error_message(code, url, reason):
 def open_source(url, offset=0, headers=None, hf_token=None, timeout=DEFAULT_TIMEOUT, validator=None):
     """Open `url` from byte `offset`: a Source, or raises FetchError /
     TransientError."""
-    parts = urllib_parse.urlsplit(url)
-    if parts.scheme == "file":
-        path = urllib_request.url2pathname(parts.path)
-        try:
-            total = os.path.getsize(path)
-            handle = open(path, "rb")
-        except (OSError, IOError) as err:
-            raise FetchError("Cannot read %s from the mirror: %s. Check the path, or that the mirror is mounted."
-                             % (path, err.strerror or err))
+    parts = check_url(url, "the url")
+    if parts.scheme.lower() == "file":
+        handle = open_regular(urllib_request.url2pathname(parts.path), "the mirror's file")
+        total = os.fstat(handle.fileno()).st_size
         if offset >= total:
             handle.close()
             return Source(None, 416, offset, total)
@@ -299,7 +477,7 @@ def open_source(url, offset=0, headers=None, hf_token=None, timeout=DEFAULT_TIME
         request.add_header("Range", "bytes=%d-" % offset)
         if validator:
             request.add_header("If-Range", validator)
-    secrets = dict((str(k), str(v)) for k, v in (headers or {}).items())
+    secrets = check_headers(headers, hf_token)
     if hf_token and is_hf_host(url):
         secrets["Authorization"] = "Bearer %s" % hf_token
     for key, value in secrets.items():
@@ -359,6 +537,9 @@ def describe(spec, directory, use_cache=True, write_cache=True):
     if spec.get("path"):
         path = spec["path"]
         state.update(path=path, source="path")
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise FetchError("The pre-staged file %s is %s, not a regular file: give the path of the model file "
+                             "itself." % (path, _kind(os.stat(path).st_mode)))
         if not os.path.isfile(path):
             raise FetchError("The pre-staged file %s does not exist: copy it there, or give the catalogue entry a url "
                              "to download it from." % path)
@@ -375,6 +556,10 @@ def describe(spec, directory, use_cache=True, write_cache=True):
 
     path = os.path.join(directory, spec["name"])
     state.update(path=path, source="url")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise FetchError("%s is in the way of the download: it is %s, not a regular file. Move it away, or give the "
+                         "file another name." % (path, _kind(os.lstat(path).st_mode) if not os.path.exists(path)
+                                                 else _kind(os.stat(path).st_mode)))
     if os.path.isfile(path):
         actual_size = os.path.getsize(path)
         if size is None or actual_size == size:
@@ -534,15 +719,21 @@ class ProgressFile(object):
     eta_s, finished}. The llm_model role polls it while the module runs in the
     background and prints it (a 20 GB download is otherwise one silent task)."""
 
-    def __init__(self, path, interval=2.0, clock=time.time):
-        self.path, self.interval, self.clock = path, interval, clock
+    def __init__(self, path, interval=2.0, clock=time.time, secrets=()):
+        self.path, self.interval, self.clock = check_progress_path(path), interval, clock
+        self.secrets = list(secrets or [])
         self.written_at = None
 
     def _write(self, record):
         tmp = "%s.%d.tmp" % (self.path, os.getpid())
-        with open(tmp, "w") as handle:
-            json.dump(record, handle, sort_keys=True)
-        os.rename(tmp, self.path)
+        try:
+            with open(tmp, "w") as handle:
+                json.dump(record, handle, sort_keys=True)
+            os.rename(tmp, self.path)
+        except (OSError, IOError) as err:
+            _remove(tmp)
+            raise FetchError("Cannot write the progress file %s: %s. Give progress_file a path in a writable "
+                             "directory (llm_model_progress_file)." % (self.path, err.strerror or err))
 
     def update(self, name, done, total, started, resumed_from, force=False):
         now = self.clock()
@@ -556,17 +747,91 @@ class ProgressFile(object):
                      "eta_s": None if eta is None else round(eta), "finished": False})
 
     def finish(self, error=None):
-        self._write({"finished": True, "error": error})
+        """The last record: finished, with the error scrubbed of every secret."""
+        self._write({"finished": True, "error": None if error is None else scrub(error, self.secrets)})
+
+
+# --- one download at a time per directory ------------------------------------------
+
+def _lock_holder(directory):
+    """What the lock record says of the run holding the lock, as words."""
+    try:
+        with open(os.path.join(directory, LOCK_RECORD)) as handle:
+            record = json.load(handle)
+    except (OSError, IOError, ValueError):
+        return "another model_fetch run (it recorded no pid)"
+    if not isinstance(record, dict):
+        return "another model_fetch run (its record cannot be read)"
+    since = record.get("since")
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since)))
+    except (TypeError, ValueError, OverflowError):
+        since = "an unknown time"
+    return "pid %s on %s (since %s)" % (scrub(str(record.get("pid"))[:20]), scrub(str(record.get("host"))[:100]), since)
+
+
+class DirectoryLock(object):
+    """flock() on the download directory, waited for at most `timeout` seconds;
+    the holder writes its pid and host to LOCK_RECORD (removed on release) so a
+    run that gives up can say who holds the lock."""
+
+    def __init__(self, directory, timeout=DEFAULT_LOCK_TIMEOUT, sleep=time.sleep, clock=time.time, poll=0.5):
+        self.directory, self.timeout, self.sleep, self.clock, self.poll = directory, timeout, sleep, clock, poll
+        self.fd = None
+
+    def __enter__(self):
+        fd = os.open(self.directory, os.O_RDONLY)
+        deadline = self.clock() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except (OSError, IOError) as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
+                    raise
+            if self.clock() >= deadline:
+                os.close(fd)
+                raise FetchError(
+                    "Another download into %s holds its lock: %s. Waited %ss (lock_timeout) for it. Let that run "
+                    "finish (or stop it), then run again; a lock whose process is gone is freed by itself."
+                    % (self.directory, _lock_holder(self.directory), self.timeout))
+            self.sleep(min(self.poll, max(deadline - self.clock(), 0.01)))
+        self.fd = fd
+        record = os.path.join(self.directory, LOCK_RECORD)
+        try:
+            tmp = "%s.%d.tmp" % (record, os.getpid())
+            with open(tmp, "w") as handle:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}, handle)
+            os.rename(tmp, record)
+        except (OSError, IOError):
+            _remove(tmp)
+        return self
+
+    def __exit__(self, *exc):
+        _remove(os.path.join(self.directory, LOCK_RECORD))
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+        return False
 
 
 # --- the whole request ------------------------------------------------------------
 
 def normalize_specs(files):
     """Check the module's `files` and fill in each name; raises FetchError."""
+    if not isinstance(files, (list, tuple)):
+        raise FetchError("files must be a list of {url or path, sha256, ...}, got %s" % type(files).__name__)
     specs, names = [], set()
-    for index, item in enumerate(files or []):
+    for index, item in enumerate(files):
         what = "files[%d]" % index
+        if not isinstance(item, dict):
+            raise FetchError("%s must be a mapping {url or path, sha256, ...}, got %s" % (what, type(item).__name__))
         url, path = item.get("url"), item.get("path")
+        if path is not None and not isinstance(path, str):
+            raise FetchError("%s.path must be a string, got %s" % (what, type(path).__name__))
         if bool(url) == bool(path):
             raise FetchError("%s needs exactly one of url (to download) or path (a pre-staged file to verify), got %s"
                              % (what, "both" if url else "neither"))
@@ -581,10 +846,8 @@ def normalize_specs(files):
                 raise FetchError("%s.size_bytes must be a whole number of bytes, got %r" % (what, item.get("size_bytes")))
         spec["size_bytes"] = size
         if url:
-            scheme = urllib_parse.urlsplit(url).scheme
-            if scheme not in ("http", "https", "file"):
-                raise FetchError("%s.url %s: only http://, https:// and file:// are supported" % (what, redact_url(url)))
-            default = os.path.basename(urllib_parse.unquote(urllib_parse.urlsplit(url).path))
+            parts = check_url(url, what + ".url")
+            default = os.path.basename(urllib_parse.unquote(parts.path))
         else:
             default = os.path.basename(path)
         name = item.get("name") or default
@@ -601,10 +864,19 @@ def normalize_specs(files):
 
 def fetch_all(files, directory, check_mode=False, headers=None, hf_token=None, timeout=DEFAULT_TIMEOUT, retries=3,
               retry_delay=2.0, min_free_bytes=DEFAULT_MIN_FREE_BYTES, checksum_cache=True, sleep=time.sleep,
-              progress=None):
+              progress=None, lock_timeout=DEFAULT_LOCK_TIMEOUT):
     """Put every file of `files` in place (or, in check mode, say what would be
     done). Returns {changed, files, bytes_downloaded, elapsed}; raises FetchError."""
+    options = check_options(timeout, retries, retry_delay, min_free_bytes, lock_timeout)
+    timeout, retries, retry_delay = options["timeout"], options["retries"], options["retry_delay"]
+    min_free_bytes = options["min_free_bytes"]
+    headers = check_headers(headers, hf_token)
     specs = normalize_specs(files)
+    for index, spec in enumerate(specs):
+        if spec["url"] and urllib_parse.urlsplit(spec["url"]).scheme.lower() == "file":
+            # A FIFO or a directory is refused here, before the lock, not in open() under it.
+            open_regular(urllib_request.url2pathname(urllib_parse.urlsplit(spec["url"]).path),
+                         "files[%d].url's file" % index).close()
     started = time.time()
     write_cache = checksum_cache and not check_mode
     states = [describe(spec, directory, checksum_cache, write_cache) for spec in specs]
@@ -629,10 +901,8 @@ def fetch_all(files, directory, check_mode=False, headers=None, hf_token=None, t
     if pending:
         if not os.path.isdir(directory):
             raise FetchError("The directory %s does not exist: create it first." % directory)
-        lock = os.open(directory, os.O_RDONLY)
-        try:
-            # One download at a time per directory (two runs must not grow one partial file).
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        # One download at a time per directory (two runs must not grow one partial file).
+        with DirectoryLock(directory, options["lock_timeout"]):
             for index, spec in enumerate(specs):
                 state = states[index]
                 if state["action"] != "download":
@@ -649,9 +919,6 @@ def fetch_all(files, directory, check_mode=False, headers=None, hf_token=None, t
                     if key in state:
                         result[key] = state[key]
                 results[index] = result
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            os.close(lock)
     # Leftover partial files of files that are now in place.
     for state in results:
         if state["source"] == "url" and state["action"] == "present":
