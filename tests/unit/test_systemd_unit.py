@@ -10,6 +10,7 @@ import re
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from test_llama_server_units import PLAN, ROOT, _vars, render, settings, unit_filters
 
@@ -134,3 +135,84 @@ def test_a_model_replaced_under_the_same_name_changes_the_dropin():
     assert old != new
     # a hand-written plan without checksums still renders
     assert "# model sha256 -" in render(DROPIN, _vars(252)).splitlines()
+
+
+# --- types, lengths, $ and root (issue 31) ---------------------------------------
+
+@pytest.mark.parametrize("value, words", [
+    (None, "null (None)"), (["a", "b"], "a list"), ({"k": "v"}, "a dict"), (b"x", "a bytes"), (True, "a boolean"),
+    (float("nan"), "finite"), (object(), "not a string or a number"),
+])
+def test_a_value_that_is_not_a_string_or_number_is_refused_by_name(value, words):
+    for call in (lambda: unit_filters.systemd_exec_args(["--x", value], "llama_server_extra_args"),
+                 lambda: unit_filters.systemd_env("N", value, "llama_server_extra_args"),
+                 lambda: unit_filters.systemd_path(value, "llama_server_extra_args"),
+                 lambda: unit_filters.systemd_user(value, "llama_server_extra_args")):
+        with pytest.raises(AnsibleFilterError) as caught:
+            call()
+        assert "llama_server_extra_args" in str(caught.value) and words in str(caught.value)
+
+
+def test_numbers_are_still_arguments():
+    assert unit_filters.systemd_exec_args(["-c", 8192, "--temp", 0.5]) == "-c 8192 --temp 0.5"
+
+
+@pytest.mark.parametrize("call", [
+    lambda big: unit_filters.systemd_exec_args(["--alias", big], "llama_server_extra_args"),
+    lambda big: unit_filters.systemd_exec_args(["x" * 600000, "y" * 600000], "llama_server_extra_args"),
+    lambda big: unit_filters.systemd_env("N", big, "llama_server_extra_args"),
+    lambda big: unit_filters.systemd_line(big, "llama_server_extra_args"),
+    lambda big: unit_filters.systemd_path("/" + big, "llama_server_extra_args"),
+])
+def test_a_value_longer_than_systemds_line_limit_is_refused(call):
+    with pytest.raises(AnsibleFilterError, match=r"llama_server_extra_args.*LONG_LINE_MAX"):
+        call("a" * (2 << 20))
+
+
+def test_the_line_limit_is_systemds():
+    assert unit_filters.LONG_LINE_MAX == 1 << 20
+    assert len(unit_filters.systemd_exec_args(["a" * (unit_filters.VALUE_MAX - 10)])) < unit_filters.LONG_LINE_MAX
+
+
+@pytest.mark.parametrize("path", ["/opt/$HOME/bin/llama-server", "/opt/x$/bin", "/opt/${X}/bin"])
+def test_a_dollar_in_the_executable_is_refused(path):
+    with pytest.raises(AnsibleFilterError, match=r"llama_server_install_dir .*\$"):
+        unit_filters.systemd_exec_path(path, "llama_server_install_dir")
+
+
+def test_root_is_refused_unless_allowed():
+    with pytest.raises(AnsibleFilterError, match="llama_server_user is root.*allow_root"):
+        unit_filters.systemd_user("root", "llama_server_user")
+    with pytest.raises(AnsibleFilterError, match="llama_server_user is root"):
+        render(UNIT, _vars(252, llama_server_user="root"))
+    assert unit_filters.systemd_user("root", "gpu_tuning", allow_root=True) == "root"
+    assert unit_filters.systemd_user("llama", "llama_server_user") == "llama"
+
+
+_SCALARS = st.one_of(st.text(max_size=20), st.integers(), st.floats(), st.booleans(), st.none(), st.binary(max_size=4),
+                     st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                               max_size=2))
+_FILTERS = [
+    lambda v: unit_filters.systemd_exec_args(v if isinstance(v, list) else [v], "the_var"),
+    lambda v: unit_filters.systemd_exec_path(v, "the_var"),
+    lambda v: unit_filters.systemd_env("NAME", v, "the_var"),
+    lambda v: unit_filters.systemd_env(v, "x", "the_var"),
+    lambda v: unit_filters.systemd_path(v, "the_var"),
+    lambda v: unit_filters.systemd_line(v, "the_var"),
+    lambda v: unit_filters.systemd_user(v, "the_var"),
+]
+
+
+@hypothesis_settings(derandomize=True, max_examples=200, deadline=1000)
+@given(st.sampled_from(range(len(_FILTERS))), st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3)))
+def test_every_filter_gives_one_line_or_a_named_error(which, value):
+    try:
+        text = _FILTERS[which](value)
+    except AnsibleFilterError as err:
+        assert "the_var" in str(err)
+        return
+    assert isinstance(text, str) and not re.search(r"[\x00-\x1f\x7f]", text) and len(text) < unit_filters.LONG_LINE_MAX
+    assert "None" not in text or "None" in str(value)
+    if which == 0:
+        words = split_exec("/bin/x " + text)[1:]
+        assert words == [str(v) for v in (value if isinstance(value, list) else [value])]
