@@ -17,6 +17,8 @@ import os
 import re
 import struct
 
+from ansible.module_utils.input_schema import GGML_MAX_DIMS, SchemaError, check_gguf_fields, check_model_metadata
+
 # KV cache element types llama-server accepts for -ctk/-ctv that flash attention
 # handles on CUDA without GGML_CUDA_FA_ALL_QUANTS: (values per block, bytes per block).
 # f16: 2 bytes a value; q8_0: 32 int8 + one f16 scale = 34 bytes per 32 values;
@@ -336,6 +338,9 @@ def _walk_header(path, data, size):
     fields = {}
     for index in range(n_kv):
         key = string("metadata entry %d's key" % index)
+        if key in fields:
+            raise GGUFError("%s is corrupt: metadata key %s appears twice (llama.cpp refuses duplicate keys)"
+                            % (path, key))
         kind = number("I", "the type of %s" % key)
         if kind == _GGUF_ARRAY:
             kind, count = number("I", "the element type of %s" % key), number("Q", "the length of %s" % key)
@@ -361,21 +366,33 @@ def _walk_header(path, data, size):
             fields[key] = number(_GGUF_FORMATS[kind], key)
         else:
             raise GGUFError("%s is corrupt: %s has unknown type %d" % (path, key, kind))
-    tensors = []
+    try:
+        check_gguf_fields(fields)
+    except SchemaError as err:
+        raise GGUFError("%s: %s" % (path, err))
+    alignment = fields.get("general.alignment") or _DEFAULT_ALIGNMENT
+    tensors, names = [], set()
     for index in range(n_tensors):
         name = string("tensor %d's name" % index)
+        if name in names:
+            raise GGUFError("%s is corrupt: tensor %s appears twice (llama.cpp refuses duplicate tensor names)"
+                            % (path, name))
+        names.add(name)
         n_dims = number("I", "the dimension count of %s" % name)
-        if n_dims > 8:
-            raise GGUFError("%s is corrupt: tensor %s declares %d dimensions (ggml has at most 4)" % (path, name, n_dims))
+        if n_dims > GGML_MAX_DIMS:
+            raise GGUFError("%s is corrupt: tensor %s declares %d dimensions (ggml has at most %d)"
+                            % (path, name, n_dims, GGML_MAX_DIMS))
         need(8 * n_dims + 12, "tensor %s's shape, type and offset" % name)
         shape = list(struct.unpack_from("%s%dQ" % (order, n_dims), data, offset))
         offset += 8 * n_dims
         tensor_type = number("I", "the type of %s" % name)
-        tensors.append({"name": name, "shape": shape, "type": tensor_type,
-                        "offset": number("Q", "the offset of %s" % name)})
-    alignment = fields.get("general.alignment") or _DEFAULT_ALIGNMENT
+        tensor_offset = number("Q", "the offset of %s" % name)
+        if tensor_offset % alignment:
+            raise GGUFError("%s is corrupt: tensor %s starts at data offset %d, not a multiple of general.alignment "
+                            "(%d), which llama.cpp requires" % (path, name, tensor_offset, alignment))
+        tensors.append({"name": name, "shape": shape, "type": tensor_type, "offset": tensor_offset})
     return {"version": version, "fields": fields, "tensors": tensors,
-            "data_offset": round_up(offset, int(alignment))}
+            "data_offset": round_up(offset, alignment)}
 
 
 def _tensor_sizes(path, tensors, data_offset):
@@ -538,10 +555,17 @@ def read_model(path):
         "token_shift_count": _key(fields, arch, "token_shift_count"),
         "shortconv_l_cache": _key(fields, arch, "shortconv.l_cache"),
     }
+    meta["key_length"] = _key(fields, arch, "attention.key_length")
+    meta["value_length"] = _key(fields, arch, "attention.value_length")
+    try:
+        check_model_metadata(meta, RECURRENT_ARCHS)
+    except SchemaError as err:
+        raise GGUFError("%s: %s" % (paths[0], err))
     n_head0 = _first_nonzero(head_count) if isinstance(head_count, list) else head_count
     default_dim = meta["embedding_length"] // n_head0 if n_head0 and meta["embedding_length"] else None
-    meta["key_length"] = _key(fields, arch, "attention.key_length", default_dim)
-    meta["value_length"] = _key(fields, arch, "attention.value_length", default_dim)
+    for name in ("key_length", "value_length"):
+        if meta[name] is None:
+            meta[name] = default_dim
     try:
         meta.update(kv_figures(meta))
     except (ValueError, KeyError, TypeError, ZeroDivisionError) as err:

@@ -11,6 +11,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.module_utils.gguf_model import KV_CACHE_TYPES, round_up
+from ansible.module_utils.input_schema import LLAMA_MAX_SEQ, SchemaError, check_gpus, number
 from ansible.module_utils.llama_flags import SERVER, plan_argv
 from ansible.module_utils.plan_explain import (  # noqa: F401 (re-exported)
     TABLE_HEAD, _no_fit_message, _reason, _row, _verdicts, budget_table, gpu_header, plan_summary)
@@ -57,7 +58,12 @@ DEFAULT_POLICY = {
     "prefer_split": False,
 }
 
-_INT_KEYS = ("min_ctx", "target_ctx", "min_parallel", "target_parallel", "max_parallel", "ubatch_size", "batch_size")
+# whole-number keys and their upper bounds: slots are sequences, and llama.cpp refuses
+# more than LLAMA_MAX_SEQ (the bound also keeps every search short); contexts within
+# what a model's trained context can be; batches within what a card can compute
+_INT_KEYS = {"min_ctx": 1 << 26, "target_ctx": 1 << 26, "min_parallel": LLAMA_MAX_SEQ,
+             "target_parallel": LLAMA_MAX_SEQ, "max_parallel": LLAMA_MAX_SEQ, "ubatch_size": 1 << 16,
+             "batch_size": 1 << 20}
 
 OBJECTIVES = ("latency", "throughput")
 
@@ -75,15 +81,20 @@ def _bool(value, name):
     raise PlanError("policy.%s must be true or false, got %r" % (name, value))
 
 
-def _int(value, name, minimum):
+def _int(value, name, minimum, maximum=1 << 50):
     try:
+        if isinstance(value, bool):
+            raise ValueError
         number = int(value)
         if isinstance(value, float) and value != number:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise PlanError("policy.%s must be a whole number, got %r" % (name, value))
     if number < minimum:
         raise PlanError("policy.%s must be at least %d, got %d" % (name, minimum, number))
+    if number > maximum:
+        raise PlanError("policy.%s must be at most %d, got %d%s" % (
+            name, maximum, number, " (llama.cpp's LLAMA_MAX_SEQ)" if maximum == LLAMA_MAX_SEQ else ""))
     return number
 
 
@@ -95,28 +106,29 @@ def normalize_policy(policy):
         raise PlanError("unknown policy key(s) %s; known keys: %s" % (", ".join(unknown), ", ".join(sorted(DEFAULT_POLICY))))
     out = dict(DEFAULT_POLICY)
     out.update(dict((k, v) for k, v in policy.items() if v is not None))
-    for key in _INT_KEYS:
-        out[key] = _int(out[key], key, 1)
+    for key, maximum in _INT_KEYS.items():
+        out[key] = _int(out[key], key, 1, maximum)
     for key in _BYTES_KEYS:
         if out[key] is not None:
             out[key] = _int(out[key], key, 0)
     if out["threads"] is not None:
         out["threads"] = _int(out["threads"], "threads", 1)
     try:
-        out["min_decode_tps"] = float(out["min_decode_tps"])
-        out["kv_fill"] = float(out["kv_fill"])
-        out["host_memory_bandwidth_bytes_per_s"] = float(out["host_memory_bandwidth_bytes_per_s"])
-    except (TypeError, ValueError):
-        raise PlanError("policy.min_decode_tps, kv_fill and host_memory_bandwidth_bytes_per_s must be numbers")
-    if not 0 < out["kv_fill"] <= 1:
-        raise PlanError("policy.kv_fill must be in (0, 1], got %s" % out["kv_fill"])
+        out["min_decode_tps"] = number("policy.min_decode_tps", out["min_decode_tps"], 0, 1e6, "tokens a second")
+        out["kv_fill"] = number("policy.kv_fill", out["kv_fill"], 0, 1, "the share of a slot's cache a stream "
+                                "reads, in (0, 1]", lo_open=True)
+        out["host_memory_bandwidth_bytes_per_s"] = number(
+            "policy.host_memory_bandwidth_bytes_per_s", out["host_memory_bandwidth_bytes_per_s"], 0, 1e14,
+            "bytes a second", lo_open=True)
+    except SchemaError as err:
+        raise PlanError(str(err))
     out["allow_partial_offload"] = _bool(out["allow_partial_offload"], "allow_partial_offload")
     out["allow_split"] = _bool(out["allow_split"], "allow_split")
     out["prefer_split"] = _bool(out["prefer_split"], "prefer_split")
     modes = out["split_modes"]
     if isinstance(modes, str):
         modes = [m.strip() for m in modes.split(",") if m.strip()]
-    modes = [str(m).lower() for m in modes or []]
+    modes = [str(m).lower() for m in modes] if isinstance(modes, (list, tuple)) else [repr(modes)] if modes else []
     if [m for m in modes if m not in SPLIT_MODES]:
         raise PlanError("policy.split_modes must list modes among %s (row does not load on CUDA at the pinned "
                         "llama.cpp), got %r" % (", ".join(SPLIT_MODES), out["split_modes"]))
@@ -130,7 +142,7 @@ def normalize_policy(policy):
     types = out["cache_types"]
     if isinstance(types, str):
         types = [t.strip() for t in types.split(",") if t.strip()]
-    types = [str(t).lower() for t in types]
+    types = [str(t).lower() for t in types] if isinstance(types, (list, tuple)) else [repr(types)]
     bad = [t for t in types if t not in KV_CACHE_TYPES]
     if not types or bad:
         raise PlanError("policy.cache_types must list KV cache types among %s (flash attention's default pairs "
@@ -409,6 +421,11 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     if used is not None and used > memory["overhead_driver_reserved_bytes"] + GIB:
         warnings.append("GPU %s has %s in use now (a running llama-server or another process); the plan budgets "
                         "the whole card" % (gpu.get("index"), gib(used)))
+    if model["n_ctx_train"] and model["n_ctx_train"] < policy["min_ctx"]:
+        warnings.append("GPU %s: %s was trained on %d tokens of context, below policy.min_ctx (%d): each slot gets "
+                        "%d tokens; lower policy.min_ctx or choose a model with a longer context"
+                        % (gpu.get("index"), model["quant"], model["n_ctx_train"], policy["min_ctx"],
+                           config["ctx_per_slot"]))
     warnings.extend(model["notes"])
 
     split = gpu.get("split")
@@ -529,6 +546,10 @@ def plan_host(gpus, models, policy, calibration=None):
     policy = normalize_policy(policy)
     if not gpus:
         raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
+    try:
+        gpus = check_gpus(gpus)
+    except SchemaError as err:
+        raise PlanError("GPU facts: %s" % err)
     if not models:
         raise PlanError("no candidate model to plan with: candidates is empty")
     bpw = dict((m["quant"], m["bpw"]) for m in models)

@@ -6,7 +6,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible.module_utils.gguf_model import RECURRENT_STATE_BYTES_PER_VALUE, layer_layout, recurrent_state_values
+import re
+
+from ansible.module_utils.gguf_model import (
+    RECURRENT_ARCHS, RECURRENT_STATE_BYTES_PER_VALUE, layer_layout, recurrent_state_values)
+from ansible.module_utils.input_schema import SchemaError, check_model_metadata
 from ansible.module_utils.plan_memory import PlanError, gib
 
 # Bits per weight by quantization label: llama.cpp tools/quantize/README.md
@@ -21,6 +25,11 @@ QUANT_BPW = {
     "Q4_0": 4.55, "Q4_K_M": 4.89, "Q5_K_S": 5.57, "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50,
     "BF16": 16.0, "F16": 16.0, "F32": 32.0,
 }
+
+
+# The fewest bits a weight any llama.cpp quantization stores (IQ1_S: 1.5625 bits in
+# the blocks, more with the tensors kept at higher precision).
+MIN_BITS_PER_WEIGHT = 1.5
 
 
 def quant_bpw(label):
@@ -76,38 +85,17 @@ def _pseudo_layers(meta, name):
     return layers
 
 
-# Structural metadata the planner reads as counts: each a whole number >= 0 (or a
-# list of them, per layer), within what any llama.cpp model has.
-_COUNT_LIMITS = {
-    "block_count": 4096, "embedding_length": 1 << 20, "context_length": 1 << 26, "head_count": 1 << 14,
-    "head_count_kv": 1 << 14, "feed_forward_length": 1 << 22, "vocab_size": 1 << 24, "parameter_count": 1 << 50,
-    "key_length": 1 << 16, "value_length": 1 << 16, "sliding_window": 1 << 26,
-}
-
-
-def _check_counts(meta, size_bytes, name):
+def _check_metadata(meta, size_bytes, name):
     """Refuse metadata a plan would turn into nonsense (-c -1024, -ngl -4, an
-    infinite ceiling) or a traceback: a count of the wrong type, negative, or
-    beyond any model; names the key, the value and what is expected."""
-    def whole(key, value):
-        if isinstance(value, str) and value.strip().isdigit():  # a templated inventory value
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise PlanError("metadata of candidate %s: %s is %r, not a whole number" % (name, key, value))
-        if not 0 <= value <= _COUNT_LIMITS.get(key, 1 << 62):
-            raise PlanError("metadata of candidate %s: %s is %d, outside 0..%d" % (name, key, value,
-                                                                               _COUNT_LIMITS.get(key, 1 << 62)))
-    for key in _COUNT_LIMITS:
-        value = meta.get(key)
-        if value is None:
-            continue
-        for item in (value if isinstance(value, (list, tuple)) else [value]):
-            whole(key, item)
-    if meta.get("block_count") is not None and int(meta["block_count"]) < 1:
-        raise PlanError("metadata of candidate %s: block_count is %s; a model has at least one layer"
-                        % (name, meta["block_count"]))
-    if size_bytes is not None and not str(size_bytes).strip().isdigit():
+    infinite ceiling) or a traceback: input_schema's table, the same gguf_info
+    applies to a file; names the candidate, the key, the value and what is expected."""
+    try:
+        meta = check_model_metadata(meta, RECURRENT_ARCHS)
+    except SchemaError as err:
+        raise PlanError("metadata of candidate %s: %s" % (name, err))
+    if size_bytes is not None and (isinstance(size_bytes, bool) or not str(size_bytes).strip().isdigit()):
         raise PlanError("candidate %s: size_bytes is %r, not a byte count" % (name, size_bytes))
+    return meta
 
 
 def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declared"):
@@ -119,8 +107,11 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
     quantization, else from size_bytes, else from parameters x bits per weight."""
     meta = _canonical(meta)
     label = str(quant or meta.get("file_type") or "").upper() or None
+    if label is not None and not re.match(r"^[A-Z0-9][A-Z0-9_.-]{0,31}$", label):
+        raise PlanError("candidate quant %r is not a quantization label (like Q4_K_M: letters, digits and _ only)"
+                        % (quant or meta.get("file_type"),))
     name = label or path or "?"
-    _check_counts(meta, size_bytes, name)
+    meta = _check_metadata(meta, size_bytes, name)
     if not meta.get("block_count"):
         raise PlanError("metadata of candidate %s lacks block_count (the layer count)" % name)
     n_layer = int(meta["block_count"])
@@ -156,6 +147,10 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
         raise PlanError("candidate %s has no size: give size_bytes, or a path to the file" % name)
     if not params and bpw_label:
         params = int(weight_bytes * 8 / bpw_label)
+    if params and weight_bytes * 8.0 / params < MIN_BITS_PER_WEIGHT:
+        raise PlanError("candidate %s: %d bytes for %d parameters is %.3f bits a weight, below any llama.cpp "
+                        "quantization (IQ1_S is about 1.6): a truncated file or a wrong size_bytes; download it "
+                        "again or fix size_bytes" % (name, weight_bytes, params, weight_bytes * 8.0 / params))
     n_vocab = int(meta.get("vocab_size") or 0)
     if not n_vocab:
         n_vocab = 152064

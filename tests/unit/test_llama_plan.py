@@ -560,9 +560,9 @@ def test_h200_calibration(dense_meta):
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("block_count", -4, "outside 0..4096"), ("block_count", 1 << 40, "outside 0..4096"), ("block_count", 0, None),
+    ("block_count", -4, "outside 1..512"), ("block_count", 1 << 40, "outside 1..512"), ("block_count", 0, None),
     ("context_length", -1024, "outside"), ("embedding_length", 5120.5, "not a whole number"),
-    ("head_count_kv", "eight", "not a whole number"), ("feed_forward_length", [27648, -1], "outside"),
+    ("head_count_kv", "eight", "not a whole number"), ("feed_forward_length", [27648] * 63 + [-1], "outside"), ("feed_forward_length", [27648, 1], "2 entries for 64 layers"),
 ])
 def test_metadata_a_plan_would_turn_into_nonsense_is_refused(key, value, words):
     """Negative, absurd or wrongly typed counts: a PlanError naming the key, never
