@@ -56,13 +56,13 @@ def import_project():
         pkg.module_utils = amu
         sys.modules["ansible"] = pkg
         sys.modules["ansible.module_utils"] = amu
-    from ansible.module_utils import gguf_model, llama_plan, nvidia_gpu, plan_speed
+    from ansible.module_utils import gguf_model, llama_plan, nvidia_gpu, plan_memory, plan_model, plan_speed, plan_split
     sys.path.insert(0, os.path.join(ROOT, "roles", "verify", "files"))
     import llm_fleet_loadtest
-    return gguf_model, llama_plan, nvidia_gpu, plan_speed, llm_fleet_loadtest
+    return gguf_model, llama_plan, nvidia_gpu, plan_memory, plan_model, plan_speed, plan_split, llm_fleet_loadtest
 
 
-gguf_model, llama_plan, nvidia_gpu, plan_speed, loadtest = import_project()
+gguf_model, llama_plan, nvidia_gpu, plan_memory, plan_model, plan_speed, plan_split, loadtest = import_project()
 
 
 def role_filters():
@@ -307,8 +307,8 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     finally:
         stop_server(proc, log)
     model, gpu_facts, policy = o["model"], o["gpu_facts"], o["policy"]
-    mem = llama_plan.budget(model, gpu_facts, policy, real_ctx, real_slots, cache_type)
-    ceiling = llama_plan.ceiling_for(model, gpu_facts, policy, real_ctx // real_slots, cache_type)
+    mem = plan_split.budget(model, gpu_facts, policy, real_ctx, real_slots, cache_type)
+    ceiling = plan_split.ceiling_for(model, gpu_facts, policy, real_ctx // real_slots, cache_type)
     # what the planner expects of this very configuration (module_utils/plan_speed.py,
     # the built-in table: no fleet calibration here)
     efficiency = plan_speed.efficiency_for(gpu_facts, model)
@@ -322,7 +322,7 @@ def measure(name, description, args, cache_type, ctx, slots, ctx_opts):
     per_slot = real_ctx // real_slots
     fill_policy = dict(policy, kv_fill=min(1.0, max(1, test_fill) / float(per_slot)))
     expected_at_fill = plan_speed.expected_decode(
-        llama_plan.ceiling_for(model, gpu_facts, fill_policy, per_slot, cache_type), efficiency["value"], cache_type)
+        plan_split.ceiling_for(model, gpu_facts, fill_policy, per_slot, cache_type), efficiency["value"], cache_type)
     entry["predicted"] = {
         "expected_decode_tps": round(expected, 2),
         "test_fill_tokens": test_fill,
@@ -377,7 +377,7 @@ def figures(entry, o):
     measured_ceiling = None
     if o.get("bandwidth_bytes_per_s"):
         bw_gpu = dict(o["gpu_facts"], memory_bandwidth_bytes_per_s=o["bandwidth_bytes_per_s"])
-        measured_ceiling = round(llama_plan.ceiling_for(o["model"], bw_gpu, o["policy"],
+        measured_ceiling = round(plan_split.ceiling_for(o["model"], bw_gpu, o["policy"],
                                                         entry["ctx_size"] // entry["parallel"], entry["cache_type"]), 2)
     vram = entry.get("vram") or {}
     proc_bytes = vram.get("process_bytes")
@@ -486,7 +486,7 @@ def main():
     gpu = Gpu(args.gpu)
     baseline = gpu.used_bytes()
     meta = gguf_model.read_model(args.model)
-    model = llama_plan.model_from_metadata(meta.get("file_type"), meta, path=args.model, source="file")
+    model = plan_model.model_from_metadata(meta.get("file_type"), meta, path=args.model, source="file")
 
     policies = [("plan", json.loads(args.policy))]
     for spec in args.extra_plan:
@@ -512,7 +512,7 @@ def main():
         # the process's own figure leaves out what the driver reserves: NVML's v2
         # figure where the driver gives it (615 MiB on the H200), as the planner does
         "reserved_bytes": (gpu_facts["memory_reserved_bytes"] if gpu_facts.get("memory_reserved_bytes") is not None
-                           else llama_plan.driver_reserved_bytes(gpu_facts["memory_total_bytes"])),
+                           else plan_memory.driver_reserved_bytes(gpu_facts["memory_total_bytes"])),
     }
     out = {
         "schema": "llm-fleet-bench/1",

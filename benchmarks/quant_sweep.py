@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_configs import gguf_model, llama_plan, nvidia_gpu  # noqa: E402  (module_utils, as the hosts map it)
+from bench_configs import gguf_model, llama_plan, nvidia_gpu, plan_model  # noqa: E402  (module_utils, as the hosts map it)
 
 from ansible.module_utils.plan_memory import decode_ceiling  # noqa: E402
 
@@ -68,7 +68,7 @@ def main():
                                timeout=900)
                 entry["quantize_s"] = round(time.time() - start, 1)
             meta = gguf_model.read_model(path)
-            model = llama_plan.model_from_metadata(meta.get("file_type"), meta, path=path, source="file")
+            model = plan_model.model_from_metadata(meta.get("file_type"), meta, path=path, source="file")
             ceiling = decode_ceiling(bandwidth, model["gpu_weight_bytes"])
             measured = bench(args.bin_dir, path, args.reps, args.n_gen, threads)
             entry.update(quant=model.get("quant"), file_bytes=os.path.getsize(path),

@@ -104,7 +104,7 @@ def render(data, bandwidth=None):
             fmt(f["expected_aggregate_at_test_fill_tps"]), fmt(f["aggregate_slots_decode_tps"]),
             pct(f["aggregate_slots_decode_tps"], f["expected_aggregate_at_test_fill_tps"])))
     lines += ["", "## GPU memory: measured against predicted", "",
-              "Predicted = the planner's memory model (`llama_plan.budget`) for the configuration's own "
+              "Predicted = the planner's memory model (`plan_split.budget`) for the configuration's own "
               "-c/-np/KV type, less the driver's reservation (%d MiB on this card: the process's own figure leaves it "
               "out). Measured = NVML's figure for "
               "the llama-server process (and the card's used memory less what was used before it started)."

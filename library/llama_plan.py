@@ -264,7 +264,9 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible.module_utils.fleet_errors import fail
 from ansible.module_utils.gguf_model import GGUFError, read_model
-from ansible.module_utils.llama_plan import PlanError, model_from_metadata, plan_host
+from ansible.module_utils.llama_plan import plan_host
+from ansible.module_utils.plan_memory import PlanError
+from ansible.module_utils.plan_model import model_from_metadata
 
 
 def load_candidates(candidates):

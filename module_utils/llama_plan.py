@@ -2,9 +2,9 @@
 """Plan llama-server per GPU: which quantization, context, slots and KV cache
 type fit a card, from the card's memory and bandwidth and the model's metadata.
 
-The policy and the search live here; the model's shape in plan_model.py, the
-memory arithmetic in plan_memory.py, the explanations in plan_explain.py (all
-re-exported, so `llama_plan.budget` keeps working). docs/planning.md explains
+The policy and the search live here; the model's shape in plan_model.py, one
+card's memory arithmetic in plan_memory.py, a split's in plan_split.py, the
+explanations in plan_explain.py: import each name from its home. docs/planning.md explains
 every figure. Free of Ansible (unit-tested); Python 3.8-compatible."""
 from __future__ import absolute_import, division, print_function
 
@@ -13,18 +13,15 @@ __metaclass__ = type
 from ansible.module_utils.gguf_model import KV_CACHE_TYPES, round_up
 from ansible.module_utils.input_schema import LLAMA_MAX_SEQ, SchemaError, check_gpus, number
 from ansible.module_utils.llama_flags import SERVER, plan_argv
-from ansible.module_utils.plan_explain import (  # noqa: F401 (re-exported)
-    TABLE_HEAD, _no_fit_message, _reason, _row, _verdicts, budget_table, gpu_header, plan_summary)
-from ansible.module_utils.plan_memory import (  # noqa: F401 (re-exported)
-    ACTIVATION_BYTES, CTX_STEP, CUDA_OVERHEAD_BYTES, CUDA_OVERHEAD_MIB_BY_MAJOR, DEFAULT_BATCH,
-    DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, DRIVER_RESERVED_BYTES, FFN_LIVE_TENSORS, FLASH_ATTN_MIN_CC, GIB,
-    HOST_MEMORY_BANDWIDTH, KV_FILL_FRACTION, MIB, PlanError, budget, cache_bytes, ceiling_for, compute_bytes,
-    cuda_overhead_bytes, decode_ceiling, driver_reserved_bytes, fits, flash_attn_supported, gib, kv_bytes_per_token,
-    kv_read_bytes, layer_weight_bytes, swa_cells_per_slot)
-from ansible.module_utils.plan_model import QUANT_BPW, model_from_metadata, quant_bpw  # noqa: F401 (re-exported)
+from ansible.module_utils.plan_explain import (
+    budget_table, candidate_verdicts, no_fit_message, plan_reason, plan_summary)
+from ansible.module_utils.plan_memory import (
+    CTX_STEP, CUDA_OVERHEAD_BYTES, DEFAULT_BATCH, DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, GIB, HOST_MEMORY_BANDWIDTH,
+    KV_FILL_FRACTION, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
 from ansible.module_utils.plan_speed import (
     aggregate_exponent, efficiency_for, expected_aggregate, expected_decode)
-from ansible.module_utils.plan_split import SPLIT_MODES, split_group, tensor_split_supported, with_sync
+from ansible.module_utils.plan_split import (
+    SPLIT_MODES, budget, ceiling_for, split_group, tensor_split_supported, with_sync)
 
 DEFAULT_POLICY = {
     "min_ctx": 4096,               # tokens per slot, at least
@@ -349,7 +346,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     partial = False
     if chosen is None:
         if not policy["allow_partial_offload"] or gpu.get("split"):
-            raise PlanError(_no_fit_message(gpu, evaluations, policy))
+            raise PlanError(no_fit_message(gpu, evaluations, policy))
         partial_evals = []
         for e in evaluations:
             ngl = max_gpu_layers(e["model"], gpu, policy)
@@ -357,7 +354,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
                 partial_evals.append(evaluate(e["model"], gpu, policy, ngl, calibration))
         chosen, met = pick(partial_evals, floor)
         if chosen is None:
-            raise PlanError(_no_fit_message(gpu, evaluations, policy).replace(
+            raise PlanError(no_fit_message(gpu, evaluations, policy).replace(
                 "or set policy.allow_partial_offload: true to keep layers in host memory (much slower).",
                 "(partial offload is allowed, but not even one layer fits)."))
         partial = True
@@ -365,7 +362,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         evaluations = [by_model.get(id(e["model"]), e) for e in evaluations]
 
     model = chosen["model"]
-    verdicts = _verdicts(evaluations, chosen, floor, met)
+    verdicts = candidate_verdicts(evaluations, chosen, floor, met)
     table = budget_table(gpu, evaluations, policy, verdicts)
 
     ngl = chosen["n_gpu_layers"]
@@ -463,7 +460,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "warnings": warnings,
     }
     plan["server_args"] = _server_args(plan)
-    plan["reason"] = _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial)
+    plan["reason"] = plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial)
     plan["candidates"] = [{
         "quant": e["model"]["quant"], "bpw": e["model"]["bpw"], "fits": e["fits"],
         "min_total_bytes": e["memory"]["total_bytes"], "decode_ceiling_tps": round(e["ceiling"], 1),

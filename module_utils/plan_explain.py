@@ -51,7 +51,7 @@ def budget_table(gpu, evaluations, policy, verdicts):
     return lines
 
 
-def _verdicts(evaluations, chosen, floor, met_floor):
+def candidate_verdicts(evaluations, chosen, floor, met_floor):
     out = {}
     for e in evaluations:
         m = e["model"]
@@ -71,7 +71,7 @@ def _verdicts(evaluations, chosen, floor, met_floor):
     return out
 
 
-def _no_fit_message(gpu, evaluations, policy):
+def no_fit_message(gpu, evaluations, policy):
     smallest = min(evaluations, key=lambda e: e["model"]["weight_bytes"])
     m = smallest["memory"]
     table = budget_table(gpu, [smallest], policy, {id(smallest): "smallest candidate"})
@@ -92,7 +92,7 @@ def _no_fit_message(gpu, evaluations, policy):
            policy["min_ctx"], policy["min_parallel"], ", ".join(policy["cache_types"]), policy["headroom_bytes"]))
 
 
-def _reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial):
+def plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial):
     model = chosen["model"]
     floor = policy["min_decode_tps"]
     bw = float(gpu["memory_bandwidth_bytes_per_s"])

@@ -279,12 +279,9 @@ def layer_weight_bytes(model):
     return max(0, rest) // max(1, model["n_layer"])
 
 
-def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None):
-    """The memory breakdown of one configuration on one GPU (bytes); for a split
-    group (plan_split.split_group), every card's share in per_gpu."""
-    if gpu.get("split"):
-        from ansible.module_utils.plan_split import split_budget  # plan_split builds on this module
-        return split_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers)
+def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None):
+    """The memory breakdown of one configuration on one GPU (bytes). A split
+    group's is plan_split.split_budget's, built on this one."""
     ubatch = policy["ubatch_size"]
     fa = flash_attn_supported(gpu)
     total_card = int(gpu["memory_total_bytes"])
@@ -340,11 +337,9 @@ def fits(memory):
     return all(m["total_bytes"] <= m["gpu_total_bytes"] for m in memory.get("per_gpu") or [memory])
 
 
-def ceiling_for(model, gpu, policy, ctx_per_slot, cache_type, n_gpu_layers=None):
-    """Decode ceiling (tok/s) of one stream with its slot filled to policy.kv_fill."""
-    if gpu.get("split"):
-        from ansible.module_utils.plan_split import split_ceiling  # plan_split builds on this module
-        return split_ceiling(model, gpu, policy, ctx_per_slot, cache_type)
+def card_ceiling(model, gpu, policy, ctx_per_slot, cache_type, n_gpu_layers=None):
+    """Decode ceiling (tok/s) of one stream on one GPU with its slot filled to
+    policy.kv_fill (a split group's: plan_split.split_ceiling)."""
     fill = int(ctx_per_slot * policy["kv_fill"])
     bw = float(gpu["memory_bandwidth_bytes_per_s"])
     if n_gpu_layers is None or n_gpu_layers > model["n_layer"]:

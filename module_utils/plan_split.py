@@ -3,8 +3,8 @@
 on each card, and the speed each split mode allows.
 
 The planner treats the GPUs of a split as one "group" (split_group) and plans it
-with the same search as a single card; budget() and ceiling_for() in plan_memory
-hand a group to split_budget() and split_ceiling() here. docs/planning.md, "Two
+with the same search as a single card: budget() and ceiling_for() here take a card
+or a group (plan_memory knows one card only). docs/planning.md, "Two
 GPUs, one model", explains each figure and what is measured.
 Free of Ansible (unit-tested); Python 3.8-compatible."""
 from __future__ import absolute_import, division, print_function
@@ -12,8 +12,8 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.module_utils.plan_memory import (
-    PlanError, budget, cache_bytes, compute_bytes, decode_ceiling, flash_attn_supported, kv_read_bytes,
-    layer_weight_bytes)
+    PlanError, cache_bytes, card_budget, card_ceiling, compute_bytes, decode_ceiling, flash_attn_supported,
+    kv_read_bytes, layer_weight_bytes)
 
 SPLIT_MODES = ("layer", "tensor")
 
@@ -128,7 +128,7 @@ def split_budget(model, group, policy, ctx_size, parallel, cache_type, n_gpu_lay
     for i, card in enumerate(cards):
         # the card's fixed costs as a single-card budget has them (reserved, overhead,
         # headroom, compute), at the instance's context
-        alone = budget(model, card, policy, ctx_size, parallel, cache_type)
+        alone = card_budget(model, card, policy, ctx_size, parallel, cache_type)
         if owners is not None:
             layers = [il for il in range(model["n_layer"]) if owners[il] == i]
             holds_output = owners[-1] == i
@@ -153,7 +153,7 @@ def split_budget(model, group, policy, ctx_size, parallel, cache_type, n_gpu_lay
             "predicted_process_bytes": total - alone["headroom_bytes"] - alone["overhead_driver_reserved_bytes"] - foreign,
             "free_bytes": int(card["memory_total_bytes"]) - total,
         })
-    whole = budget(model, cards[0], policy, ctx_size, parallel, cache_type)
+    whole = card_budget(model, cards[0], policy, ctx_size, parallel, cache_type)
     out = dict((key, sum(g[key] for g in per_gpu)) for key in (
         "weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes", "headroom_bytes", "total_bytes",
         "gpu_total_bytes", "overhead_driver_reserved_bytes", "foreign_bytes", "predicted_used_bytes",
@@ -167,6 +167,20 @@ def split_budget(model, group, policy, ctx_size, parallel, cache_type, n_gpu_lay
         "per_gpu": per_gpu,
     })
     return out
+
+
+def budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None):
+    """The memory breakdown of one configuration on a GPU or a split group (split_group)."""
+    if gpu.get("split"):
+        return split_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers)
+    return card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers)
+
+
+def ceiling_for(model, gpu, policy, ctx_per_slot, cache_type, n_gpu_layers=None):
+    """Decode ceiling (tok/s) of one stream on a GPU or a split group."""
+    if gpu.get("split"):
+        return split_ceiling(model, gpu, policy, ctx_per_slot, cache_type)
+    return card_ceiling(model, gpu, policy, ctx_per_slot, cache_type, n_gpu_layers)
 
 
 def split_fits(memory):

@@ -13,27 +13,27 @@ from ansible.module_utils import llama_plan as lp, plan_memory  # noqa: E402
 
 
 def test_every_known_major_has_the_measured_value_for_now():
-    assert lp.CUDA_OVERHEAD_BYTES == 576 * lp.MIB
-    assert sorted(lp.CUDA_OVERHEAD_MIB_BY_MAJOR) == [11, 12, 13]
-    assert set(lp.CUDA_OVERHEAD_MIB_BY_MAJOR.values()) == {576}
+    assert plan_memory.CUDA_OVERHEAD_BYTES == 576 * plan_memory.MIB
+    assert sorted(plan_memory.CUDA_OVERHEAD_MIB_BY_MAJOR) == [11, 12, 13]
+    assert set(plan_memory.CUDA_OVERHEAD_MIB_BY_MAJOR.values()) == {576}
 
 
 @pytest.mark.parametrize("version", [None, "", "11.8", "11.7", "12.2", "13.0", 13, "14.1", "10.2"])
 def test_lookup(version):
-    assert lp.cuda_overhead_bytes(version) == lp.CUDA_OVERHEAD_BYTES
+    assert plan_memory.cuda_overhead_bytes(version) == plan_memory.CUDA_OVERHEAD_BYTES
 
 
 def test_a_major_outside_the_table_takes_the_nearest(monkeypatch):
     monkeypatch.setattr(plan_memory, "CUDA_OVERHEAD_MIB_BY_MAJOR", {11: 700, 12: 600, 13: 576})
-    assert lp.cuda_overhead_bytes("10.2") == 700 * lp.MIB
-    assert lp.cuda_overhead_bytes("11.8") == 700 * lp.MIB
-    assert lp.cuda_overhead_bytes("14.0") == 576 * lp.MIB
+    assert plan_memory.cuda_overhead_bytes("10.2") == 700 * plan_memory.MIB
+    assert plan_memory.cuda_overhead_bytes("11.8") == 700 * plan_memory.MIB
+    assert plan_memory.cuda_overhead_bytes("14.0") == 576 * plan_memory.MIB
 
 
 def test_the_default_policy_uses_the_constant():
-    assert lp.DEFAULT_POLICY["overhead_bytes"] == lp.CUDA_OVERHEAD_BYTES
+    assert lp.DEFAULT_POLICY["overhead_bytes"] == plan_memory.CUDA_OVERHEAD_BYTES
 
 
 def test_a_bad_version_is_refused():
-    with pytest.raises(lp.PlanError):
-        lp.cuda_overhead_bytes("cuda")
+    with pytest.raises(plan_memory.PlanError):
+        plan_memory.cuda_overhead_bytes("cuda")

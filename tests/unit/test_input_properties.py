@@ -17,7 +17,7 @@ from conftest import ROOT
 import ansible.module_utils
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-from ansible.module_utils import gguf_model, input_schema  # noqa: E402
+from ansible.module_utils import gguf_model, input_schema, plan_memory, plan_model  # noqa: E402
 from ansible.module_utils import llama_plan as lp  # noqa: E402
 
 PROPERTY = settings(derandomize=True, max_examples=300, deadline=None,
@@ -193,10 +193,10 @@ CANDIDATE = {"quant": "Q4_K_M", "size_bytes": 19 << 30, "metadata": META}
 def _plan_or_refuse(meta=None, gpus=None, policy=None, candidates=None):
     start = time.monotonic()
     try:
-        models = [lp.model_from_metadata(c["quant"], c["metadata"], c.get("size_bytes"))
+        models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c.get("size_bytes"))
                   for c in (candidates or [dict(CANDIDATE, metadata=meta or META)])]
         result = lp.plan_host(gpus if gpus is not None else [V100], models, policy or {})
-    except lp.PlanError as err:
+    except plan_memory.PlanError as err:
         result = str(err)
         assert result.strip()
     assert time.monotonic() - start < BOUND_S
@@ -285,7 +285,7 @@ def test_policies_the_sweep_found_are_refused_by_name(policy, words):
 
 
 def test_a_string_false_is_false_and_a_one_byte_model_is_refused():
-    tied = lp.model_from_metadata("Q4_K_M", dict(META, tied_embeddings="false"), 19 << 30)
+    tied = plan_model.model_from_metadata("Q4_K_M", dict(META, tied_embeddings="false"), 19 << 30)
     assert tied["tied"] is False
     result = _plan_or_refuse(candidates=[dict(CANDIDATE, size_bytes=1)])
     assert isinstance(result, str) and "bits a weight, below any llama.cpp quantization" in result, result

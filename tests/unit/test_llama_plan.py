@@ -14,7 +14,7 @@ import gguf_fixtures
 import ansible.module_utils
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-from ansible.module_utils import gguf_model, llama_plan as lp  # noqa: E402
+from ansible.module_utils import gguf_model, llama_plan as lp, plan_memory, plan_model, plan_split  # noqa: E402
 
 MIB, GIB = 1 << 20, 1 << 30
 V100_BW = 4096 // 8 * 877 * 2 * 10 ** 6          # 898.048 GB/s
@@ -194,7 +194,7 @@ def test_partial_offload_only_when_allowed(gpus, dense_meta):
 def test_hybrid_model_affords_a_better_quant_and_more_context(gpus, dense_meta, hybrid_meta):
     big, = plan(gpus("v100-sxm2-32gb"), declared(hybrid_meta))["plans"]
     check_plan(big, hybrid_meta)
-    assert lp.QUANT_BPW[big["quant"]] > lp.QUANT_BPW["Q4_K_M"]
+    assert plan_model.QUANT_BPW[big["quant"]] > plan_model.QUANT_BPW["Q4_K_M"]
     assert big["quant"] == "Q6_K"
     small, = plan(gpus("v100-sxm2-16gb"), declared(hybrid_meta))["plans"]
     dense_small, = plan(gpus("v100-sxm2-16gb"), declared(dense_meta))["plans"]
@@ -330,8 +330,8 @@ def test_cards_without_flash_attention_plan_f16_only(dense_meta):
     pascal = {"index": 0, "name": "Tesla P100-PCIE-16GB", "uuid": "GPU-p100", "memory_total_bytes": 16 * GIB,
               "memory_bandwidth_bytes_per_s": 732 * 10 ** 9, "compute_capability": "6.0", "numa_node": 0,
               "cpu_affinity": list(range(8))}
-    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
-    with pytest.raises(lp.PlanError) as err:
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    with pytest.raises(plan_memory.PlanError) as err:
         lp.plan_host([pascal], models, {})
     assert "No candidate fits" in str(err.value)
     result = lp.plan_host([pascal], models, {"min_ctx": 1024, "target_ctx": 4096, "min_decode_tps": 10})
@@ -344,26 +344,26 @@ def test_cards_without_flash_attention_plan_f16_only(dense_meta):
 
 @pytest.fixture(scope="module")
 def dense(dense_meta):
-    return lp.model_from_metadata("Q4_K_M", dense_meta)
+    return plan_model.model_from_metadata("Q4_K_M", dense_meta)
 
 
 def test_kv_cache_bytes(dense):
     # FACTS: f16, 32768 tokens of the 32B shape = 8192 MiB
-    assert lp.cache_bytes(dense, 32768, 4, "f16", 512) == {"full": 8192 * MIB, "swa": 0, "recurrent": 0,
+    assert plan_memory.cache_bytes(dense, 32768, 4, "f16", 512) == {"full": 8192 * MIB, "swa": 0, "recurrent": 0,
                                                           "total": 8192 * MIB}
-    assert lp.cache_bytes(dense, 16384, 1, "q8_0", 512)["total"] == 16384 * 139264
-    assert lp.kv_bytes_per_token(dense, "q4_0") == (73728, 0)
+    assert plan_memory.cache_bytes(dense, 16384, 1, "q8_0", 512)["total"] == 16384 * 139264
+    assert plan_memory.kv_bytes_per_token(dense, "q4_0") == (73728, 0)
 
 
 def test_compute_buffer_is_calibrated_on_the_32b_shape(dense):
     # 512 x 4 bytes x (152064 vocab + 5120 embedding) = 307 MiB, the H200 measurement
-    assert lp.compute_bytes(dense, 512, 4096) == 512 * 4 * (152064 + 5120) == 307 * MIB
-    assert lp.compute_bytes(dense, 256, 4096) == 256 * 4 * (152064 + 5120)
+    assert plan_memory.compute_bytes(dense, 512, 4096) == 512 * 4 * (152064 + 5120) == 307 * MIB
+    assert plan_memory.compute_bytes(dense, 256, 4096) == 256 * 4 * (152064 + 5120)
     # without flash attention the scores of a long slot dominate: 2 x 512 x 32768 x 40 heads x 4 + f32 mask
-    assert lp.compute_bytes(dense, 512, 32768, flash_attn=False) == 2 * 512 * 32768 * 40 * 4 + 512 * 32768 * 4
+    assert plan_memory.compute_bytes(dense, 512, 32768, flash_attn=False) == 2 * 512 * 32768 * 40 * 4 + 512 * 32768 * 4
     # FFN-heavy shape with a small vocabulary: 512 x 4 x (3 x 28672 + 2 x 8192) + the f16 mask of flash attention
     llama70 = dict(dense, n_vocab=32000, n_embd=8192, n_ff=28672)
-    assert lp.compute_bytes(llama70, 512, 4096) == 512 * 4 * (3 * 28672 + 2 * 8192) + 512 * 4096 * 2
+    assert plan_memory.compute_bytes(llama70, 512, 4096) == 512 * 4 * (3 * 28672 + 2 * 8192) + 512 * 4096 * 2
 
 
 # llama-fit-params' CUDA0 "compute" MiB on an H200, the pinned llama.cpp, -fa on -b 2048 -ub 512
@@ -389,14 +389,14 @@ H200_COMPUTE_HYBRID = [
 
 @pytest.mark.parametrize("ctx, parallel, cache_type, unified, mib", H200_COMPUTE_DENSE)
 def test_compute_buffer_h200_dense(dense, ctx, parallel, cache_type, unified, mib):
-    got = lp.compute_bytes(dense, 512, ctx // parallel, True, cache_type, parallel, kv_unified=unified)
+    got = plan_memory.compute_bytes(dense, 512, ctx // parallel, True, cache_type, parallel, kv_unified=unified)
     assert abs(got / (mib * MIB) - 1) < 0.05
 
 
 @pytest.mark.parametrize("ctx, parallel, cache_type, unified, mib", H200_COMPUTE_HYBRID)
 def test_compute_buffer_h200_hybrid(hybrid_meta, ctx, parallel, cache_type, unified, mib):
-    hybrid = lp.model_from_metadata("Q4_K_M", hybrid_meta)
-    got = lp.compute_bytes(hybrid, 512, ctx // parallel, True, cache_type, parallel, kv_unified=unified)
+    hybrid = plan_model.model_from_metadata("Q4_K_M", hybrid_meta)
+    got = plan_memory.compute_bytes(hybrid, 512, ctx // parallel, True, cache_type, parallel, kv_unified=unified)
     assert abs(got / (mib * MIB) - 1) < 0.05
 
 
@@ -405,45 +405,45 @@ def test_compute_buffer_terms(dense, hybrid_meta):
     e = 512 * 4                                           # one f32 value per ubatch token
     # q8_0, 16384 cells a slot, 8 slots: mask 16384 x 512 x 2 + residual, norm hole, query, output
     # (2 x 5120 + 2 x 40 x 128) + f16 K and V of one layer over all 8 streams (2 x 2 x 1024 x 131072)
-    assert lp.compute_bytes(dense, 512, 16384, True, "q8_0", 8) == \
+    assert plan_memory.compute_bytes(dense, 512, 16384, True, "q8_0", 8) == \
         16384 * 512 * 2 + e * (2 * 5120 + 2 * 5120) + 2 * 2 * 1024 * 131072 == 568 * MIB
     # the copies cover the whole -c, not the slot: one slot of 131072 costs the same
-    assert lp.compute_bytes(dense, 512, 131072, True, "q8_0", 1) == \
+    assert plan_memory.compute_bytes(dense, 512, 131072, True, "q8_0", 1) == \
         131072 * 512 * 2 + e * 4 * 5120 + 2 * 2 * 1024 * 131072
     # an f16 cache is read in place: the logits stay the peak
-    assert lp.compute_bytes(dense, 512, 16384, True, "f16", 8) == 307 * MIB
+    assert plan_memory.compute_bytes(dense, 512, 16384, True, "f16", 8) == 307 * MIB
     # unified: one stream, the mask spans every cell (8 x 16384)
-    assert lp.compute_bytes(dense, 512, 16384, True, "q8_0", 8, kv_unified=True) == \
+    assert plan_memory.compute_bytes(dense, 512, 16384, True, "q8_0", 8, kv_unified=True) == \
         131072 * 512 * 2 + e * 4 * 5120 + 2 * 2 * 1024 * 131072
-    hybrid = lp.model_from_metadata("Q4_K_M", hybrid_meta)
+    hybrid = plan_model.model_from_metadata("Q4_K_M", hybrid_meta)
     assert hybrid["q_values"] == 24 * 256
     # hybrid: logits (248320) above the mask and two embedding-wide tensors
-    assert lp.compute_bytes(hybrid, 512, 8192, True, "f16", 4) == e * (248320 + 2 * 5120) + 8192 * 512 * 2
+    assert plan_memory.compute_bytes(hybrid, 512, 8192, True, "f16", 4) == e * (248320 + 2 * 5120) + 8192 * 512 * 2
     # gated query: 2 x 5120 + 5 x 6144 live beside the attention; 4 KV heads x 256, K and V, whole -c
-    assert lp.compute_bytes(hybrid, 512, 16384, True, "q8_0", 8) == \
+    assert plan_memory.compute_bytes(hybrid, 512, 16384, True, "q8_0", 8) == \
         16384 * 512 * 2 + e * (2 * 5120 + 5 * 6144) + 2 * 2 * 1024 * 131072 == 608 * MIB
 
 
 def test_budget_passes_the_cache_type_to_the_compute_buffer(dense):
     h200 = {"memory_total_bytes": 143771 * MIB, "compute_capability": "9.0", "memory_reserved_bytes": 615 * MIB}
     policy = lp.normalize_policy({})
-    assert lp.budget(dense, h200, policy, 131072, 8, "q8_0")["compute_bytes"] == 568 * MIB
-    assert lp.budget(dense, h200, policy, 131072, 8, "f16")["compute_bytes"] == 307 * MIB
+    assert plan_split.budget(dense, h200, policy, 131072, 8, "q8_0")["compute_bytes"] == 568 * MIB
+    assert plan_split.budget(dense, h200, policy, 131072, 8, "f16")["compute_bytes"] == 307 * MIB
 
 
 def test_weights_on_gpu_leave_the_embeddings_in_host_memory(dense, dense_meta):
     # FACTS: the GPU holds 17160 of 17578 MiB; here the same 417 MiB table stays behind
     assert dense["gpu_weight_bytes"] == dense_meta["weight_bytes"] - 152064 * 5120 // 256 * 144
     # declared at another quantization: the table is estimated at that quant's bits
-    q8 = lp.model_from_metadata("Q8_0", dense_meta, size_bytes=34 * 10 ** 9)
+    q8 = plan_model.model_from_metadata("Q8_0", dense_meta, size_bytes=34 * 10 ** 9)
     assert q8["token_embd_bytes"] == int(152064 * 5120 * 8.5 / 8)
     assert q8["gpu_weight_bytes"] == 34 * 10 ** 9 - int(152064 * 5120 * 8.5 / 8)
 
 
 def test_decode_ceiling():
     # FACTS: 4181 GB/s over an 18.43 GB model: ~227 tok/s
-    assert round(lp.decode_ceiling(4181e9, 18.43e9)) == 227
-    assert lp.decode_ceiling(100.0, 50, 10, host_bandwidth=10) == 1 / (0.5 + 1.0)
+    assert round(plan_memory.decode_ceiling(4181e9, 18.43e9)) == 227
+    assert plan_memory.decode_ceiling(100.0, 50, 10, host_bandwidth=10) == 1 / (0.5 + 1.0)
 
 
 def test_quant_choice_follows_the_ceiling(dense_meta):
@@ -454,24 +454,24 @@ def test_quant_choice_follows_the_ceiling(dense_meta):
         on_gpu = size - 152064 * 5120 * FACTS_BPW[q] / 8
         return V100_BW / (on_gpu + 2048 * 262144)
     assert ceiling("Q5_K_M") < 40 < ceiling("Q4_K_M")
-    m = lp.model_from_metadata("Q5_K_M", dense_meta, int(dense_meta["parameter_count"] * 5.70 / 8))
+    m = plan_model.model_from_metadata("Q5_K_M", dense_meta, int(dense_meta["parameter_count"] * 5.70 / 8))
     gpu = {"memory_bandwidth_bytes_per_s": V100_BW}
-    got = lp.ceiling_for(m, gpu, lp.normalize_policy({}), 4096, "f16")
+    got = plan_split.ceiling_for(m, gpu, lp.normalize_policy({}), 4096, "f16")
     assert abs(got - ceiling("Q5_K_M")) < 0.01
 
 
 def test_the_context_is_as_large_as_fits(gpus, dense_meta):
     g = gpus("v100-sxm2-16gb")[0]
     policy = lp.normalize_policy({})
-    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
     p = lp.plan_host([g], models, {})["plans"][0]
     model = models[0]
     assert model["quant"] == p["quant"] == "Q3_K_S"
     ct, par, seq = p["cache_type_k"], p["parallel"], p["ctx_per_slot"]
-    assert lp.fits(lp.budget(model, g, policy, seq * par, par, ct))
-    assert not lp.fits(lp.budget(model, g, policy, (seq + 256) * par, par, ct))       # one step more
-    assert not lp.fits(lp.budget(model, g, policy, 4096, 1, "f16"))                   # why not f16
-    assert not lp.fits(lp.budget(model, g, policy, 2 * 4096, 2, "q8_0"))              # why not 2 slots
+    assert plan_memory.fits(plan_split.budget(model, g, policy, seq * par, par, ct))
+    assert not plan_memory.fits(plan_split.budget(model, g, policy, (seq + 256) * par, par, ct))       # one step more
+    assert not plan_memory.fits(plan_split.budget(model, g, policy, 4096, 1, "f16"))                   # why not f16
+    assert not plan_memory.fits(plan_split.budget(model, g, policy, 2 * 4096, 2, "q8_0"))              # why not 2 slots
 
 
 def test_budget_by_hand(gpus, dense_meta):
@@ -489,9 +489,9 @@ def test_budget_by_hand(gpus, dense_meta):
 
 
 def test_driver_reservation():
-    assert lp.driver_reserved_bytes(16 * GIB) == 309 * MIB               # NVML reports the whole card
-    assert lp.driver_reserved_bytes(16160 * MIB) == (309 - 224) * MIB    # v1 total already lacks 224 MiB
-    assert lp.driver_reserved_bytes(143771 * MIB) == 0                   # H200: 613 MiB already missing
+    assert plan_memory.driver_reserved_bytes(16 * GIB) == 309 * MIB               # NVML reports the whole card
+    assert plan_memory.driver_reserved_bytes(16160 * MIB) == (309 - 224) * MIB    # v1 total already lacks 224 MiB
+    assert plan_memory.driver_reserved_bytes(143771 * MIB) == 0                   # H200: 613 MiB already missing
 
 
 def test_physical_cores():
@@ -506,7 +506,7 @@ def test_gpus_sharing_cpus_split_the_threads(dense_meta):
     base = {"memory_total_bytes": 32 * GIB, "memory_bandwidth_bytes_per_s": V100_BW, "compute_capability": "7.0",
             "numa_node": 0, "cpu_affinity": list(range(16)) + list(range(32, 48)), "name": "Tesla V100-SXM2-32GB"}
     gpus = [dict(base, index=0, uuid="GPU-a"), dict(base, index=1, uuid="GPU-b")]
-    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
     result = lp.plan_host(gpus, models, {"allow_split": False})
     assert [p["threads"] for p in result["plans"]] == [8, 8]
     assert lp.plan_host(gpus, models, {"threads": 6, "allow_split": False})["plans"][0]["threads"] == 6
@@ -517,18 +517,18 @@ def test_gpus_sharing_cpus_split_the_threads(dense_meta):
 
 def test_swa_cells():
     model = {"window": 1024}
-    assert lp.swa_cells_per_slot(model, 8192, 512) == 1536
-    assert lp.swa_cells_per_slot(model, 1000, 512) == 1024   # min(1000, 1536) padded to 256
-    assert lp.swa_cells_per_slot({"window": 0}, 8192, 512) == 0
+    assert plan_memory.swa_cells_per_slot(model, 8192, 512) == 1536
+    assert plan_memory.swa_cells_per_slot(model, 1000, 512) == 1024   # min(1000, 1536) padded to 256
+    assert plan_memory.swa_cells_per_slot({"window": 0}, 8192, 512) == 0
 
 
 def test_quant_labels():
-    assert lp.quant_bpw("q4_k_m") == 4.89
-    assert lp.quant_bpw("Q3_K_S") == 3.64 and lp.quant_bpw("Q2_K") == 3.16 and lp.quant_bpw("IQ3_XXS") == 3.25
-    assert lp.quant_bpw("Q4_K_S") == 4.67 and lp.quant_bpw("Q6_K") == 6.56 and lp.quant_bpw("Q8_0") == 8.5
-    assert lp.quant_bpw("F16") == 16.0
-    assert 3.64 < lp.quant_bpw("Q3_K_M") < 4.30
-    assert lp.quant_bpw("mystery") is None
+    assert plan_model.quant_bpw("q4_k_m") == 4.89
+    assert plan_model.quant_bpw("Q3_K_S") == 3.64 and plan_model.quant_bpw("Q2_K") == 3.16 and plan_model.quant_bpw("IQ3_XXS") == 3.25
+    assert plan_model.quant_bpw("Q4_K_S") == 4.67 and plan_model.quant_bpw("Q6_K") == 6.56 and plan_model.quant_bpw("Q8_0") == 8.5
+    assert plan_model.quant_bpw("F16") == 16.0
+    assert 3.64 < plan_model.quant_bpw("Q3_K_M") < 4.30
+    assert plan_model.quant_bpw("mystery") is None
 
 
 def test_metadata_with_only_the_structural_keys(gpus):
@@ -549,7 +549,7 @@ def test_h200_calibration(dense_meta):
             "memory_bandwidth_bytes_per_s": 4.8e12, "compute_capability": "9.0", "numa_node": 0,
             "cpu_affinity": list(range(16))}
     meta = dict(copy.deepcopy(dense_meta), file_type="Q4_K", weight_bytes=17578 * MIB, token_embd_bytes=417 * MIB)
-    model = lp.model_from_metadata("Q4_K", meta)
+    model = plan_model.model_from_metadata("Q4_K", meta)
     result = lp.plan_host([h200], [model], {"target_ctx": 16384, "target_parallel": 4})
     p, = result["plans"]
     assert (p["ctx_size"], p["parallel"], p["cache_type_k"]) == (16384, 4, "f16")
@@ -570,8 +570,8 @@ def test_metadata_a_plan_would_turn_into_nonsense_is_refused(key, value, words):
     meta = {"architecture": "qwen2", "block_count": 64, "context_length": 32768, "embedding_length": 5120,
             "head_count": 40, "head_count_kv": 8, "feed_forward_length": 27648, "vocab_size": 152064}
     meta[key] = value
-    with pytest.raises(lp.PlanError) as err:
-        lp.model_from_metadata("Q4_K_M", meta, size_bytes=19 << 30)
+    with pytest.raises(plan_memory.PlanError) as err:
+        plan_model.model_from_metadata("Q4_K_M", meta, size_bytes=19 << 30)
     assert key in str(err.value) or (value == 0 and "block_count" in str(err.value))
     if words:
         assert words in str(err.value), str(err.value)
@@ -580,8 +580,8 @@ def test_metadata_a_plan_would_turn_into_nonsense_is_refused(key, value, words):
 def test_a_negative_size_is_refused():
     meta = {"architecture": "qwen2", "block_count": 64, "embedding_length": 5120, "head_count": 40,
             "head_count_kv": 8}
-    with pytest.raises(lp.PlanError, match="size_bytes is -1"):
-        lp.model_from_metadata("Q4_K_M", meta, size_bytes=-1)
+    with pytest.raises(plan_memory.PlanError, match="size_bytes is -1"):
+        plan_model.model_from_metadata("Q4_K_M", meta, size_bytes=-1)
 
 
 def test_two_memory_figures_and_the_reserved_fallback_per_family(dense_meta):
@@ -591,7 +591,7 @@ def test_two_memory_figures_and_the_reserved_fallback_per_family(dense_meta):
     h200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-h", "memory_total_bytes": 143771 * MIB,
             "memory_bandwidth_bytes_per_s": 4.8e12, "compute_capability": "9.0", "numa_node": 0,
             "cpu_affinity": list(range(16))}
-    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
     m = lp.plan_host([h200], models, {})["plans"][0]["memory"]
     assert m["overhead_driver_reserved_bytes"] == 615 * MIB  # 143771 MiB: the whole-GiB rule alone gave 0
     assert m["predicted_process_bytes"] == m["predicted_used_bytes"] - 615 * MIB
@@ -621,10 +621,10 @@ def test_throughput_objective_stops_at_max_parallel_and_checks_its_keys(dense_me
     h200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-h", "memory_total_bytes": 143771 * MIB,
             "memory_bandwidth_bytes_per_s": 4.8e12, "compute_capability": "9.0", "numa_node": 0,
             "cpu_affinity": list(range(16))}
-    models = [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
     p = lp.plan_host([h200], models, {"objective": "throughput", "max_parallel": 12})["plans"][0]
     assert p["parallel"] == 12 and p["ctx_per_slot"] > 4096
-    with pytest.raises(lp.PlanError, match="policy.objective must be one of latency, throughput, got 'fast'"):
+    with pytest.raises(plan_memory.PlanError, match="policy.objective must be one of latency, throughput, got 'fast'"):
         lp.plan_host([h200], models, {"objective": "fast"})
-    with pytest.raises(lp.PlanError, match="policy.max_parallel"):
+    with pytest.raises(plan_memory.PlanError, match="policy.max_parallel"):
         lp.plan_host([h200], models, {"max_parallel": 0})

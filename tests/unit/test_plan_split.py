@@ -7,11 +7,11 @@ import pytest
 
 from test_llama_plan import declared, dense_meta, gpus, models  # noqa: F401 (fixtures)
 
-from ansible.module_utils import llama_plan as lp, plan_split  # noqa: E402
+from ansible.module_utils import llama_plan as lp, plan_split, plan_memory, plan_model  # noqa: E402
 
 
 def models_of(candidates):
-    return [lp.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in candidates]
+    return [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in candidates]
 
 
 def test_layer_owners_follow_llama_cpp():
@@ -26,7 +26,7 @@ def test_nvlink_pair_is_joined_and_a_single_card_host_is_not_split(gpus):
     assert plan_split.nvlink_joined(pair)
     unlinked = [dict(g, nvlink_peers=[]) for g in pair]
     assert not plan_split.nvlink_joined(unlinked)
-    with pytest.raises(lp.PlanError, match="at least two GPUs"):
+    with pytest.raises(plan_memory.PlanError, match="at least two GPUs"):
         plan_split.split_group(pair[:1], "tensor")
 
 
@@ -36,8 +36,8 @@ def test_split_budget_places_every_byte_on_a_card(gpus, dense_meta, mode):
     model = models_of(declared(dense_meta, ("Q4_K_M",)))[0]
     policy = lp.normalize_policy({})
     group = plan_split.split_group(pair, mode)
-    memory = lp.budget(model, group, policy, 8192, 2, "f16")
-    single = lp.budget(model, pair[0], policy, 8192, 2, "f16")
+    memory = plan_split.budget(model, group, policy, 8192, 2, "f16")
+    single = plan_split.budget(model, pair[0], policy, 8192, 2, "f16")
     per = memory["per_gpu"]
     assert [g["gpu_index"] for g in per] == [0, 1]
     # the weights and the KV are spread, not copied (tensor: rounding of each share)
@@ -60,20 +60,20 @@ def test_fits_checks_each_card_not_the_sum(gpus, dense_meta):
     pair = gpus("2x-v100-sxm2-16gb-nvlink")
     model = models_of(declared(dense_meta, ("Q8_0",)))[0]
     policy = lp.normalize_policy({})
-    memory = lp.budget(model, plan_split.split_group(pair, "layer"), policy, 4096, 1, "f16")
+    memory = plan_split.budget(model, plan_split.split_group(pair, "layer"), policy, 4096, 1, "f16")
     lopsided = dict(memory, per_gpu=[dict(memory["per_gpu"][0], total_bytes=memory["per_gpu"][0]["gpu_total_bytes"] + 1),
                                      dict(memory["per_gpu"][1], total_bytes=0)])
-    assert not lp.fits(lopsided)
+    assert not plan_memory.fits(lopsided)
 
 
 def test_tensor_split_is_faster_than_one_card_and_layer_split_is_not(gpus, dense_meta):
     pair = gpus("2x-v100-sxm2-16gb-nvlink")
     model = models_of(declared(dense_meta, ("Q4_K_M",)))[0]
     policy = lp.normalize_policy({})
-    one = lp.ceiling_for(model, pair[0], policy, 4096, "f16")
-    layer = lp.ceiling_for(model, plan_split.split_group(pair, "layer"), policy, 4096, "f16")
+    one = plan_split.ceiling_for(model, pair[0], policy, 4096, "f16")
+    layer = plan_split.ceiling_for(model, plan_split.split_group(pair, "layer"), policy, 4096, "f16")
     tensor_group = plan_split.split_group(pair, "tensor")
-    tensor = lp.ceiling_for(model, tensor_group, policy, 4096, "f16")
+    tensor = plan_split.ceiling_for(model, tensor_group, policy, 4096, "f16")
     assert layer == pytest.approx(one, rel=0.01)      # the cards take turns
     assert tensor == pytest.approx(2 * one, rel=0.01)  # both read at once
     # the expected speed pays the exchange: 64-layer-ish model over NVLink
@@ -135,7 +135,7 @@ def test_prefer_split_takes_one_instance_for_the_same_quant(gpus, dense_meta):
 def test_a_model_only_two_cards_hold_is_split_and_layer_mode_when_asked(gpus, dense_meta):
     facts = gpus("2x-v100-sxm2-16gb-nvlink")
     big = models_of(declared(dense_meta, ("Q5_K_M",)))
-    with pytest.raises(lp.PlanError):
+    with pytest.raises(plan_memory.PlanError):
         lp.plan_host(facts, big, {"allow_split": False})
     result = lp.plan_host(facts, big, {"split_modes": ["layer"]})
     (p,) = result["plans"]
@@ -144,7 +144,7 @@ def test_a_model_only_two_cards_hold_is_split_and_layer_mode_when_asked(gpus, de
 
 
 def test_split_modes_are_checked():
-    with pytest.raises(lp.PlanError, match="split_modes"):
+    with pytest.raises(plan_memory.PlanError, match="split_modes"):
         lp.normalize_policy({"split_modes": ["row"]})
     assert lp.normalize_policy({"split_modes": "layer"})["split_modes"] == ["layer"]
 

@@ -21,7 +21,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.llama_flags import BENCH, plan_argv  # noqa: E402
-from ansible.module_utils.llama_plan import GIB, MIB, cuda_overhead_bytes  # noqa: E402
+from ansible.module_utils.plan_memory import GIB, MIB, cuda_overhead_bytes  # noqa: E402
 
 # llama-bench's own KV cache: its -p/-n contexts are a few hundred tokens.
 BENCH_KV_BYTES = 256 * MIB
