@@ -17,9 +17,10 @@ pytestmark = only_in_scenario("fleet")
 RULES = "/etc/prometheus/llm-fleet/alerts.yml"
 
 
-def firing(host, name, **labels):
-    """The alerts called `name` that fire now with (at least) these labels."""
-    return [alert for alert in api(host, "/api/v1/alerts")["alerts"]
+def firing(monitor, name, **labels):
+    """The alerts called `name` that fire now on the monitoring host with (at least)
+    these labels (`host` among them: the first argument is not called so)."""
+    return [alert for alert in api(monitor, "/api/v1/alerts")["alerts"]
             if alert["labels"].get("alertname") == name and alert["state"] == "firing"
             and all(alert["labels"].get(key) == value for key, value in labels.items())]
 
