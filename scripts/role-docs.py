@@ -10,6 +10,11 @@ Two kinds of section, each between markers in README.md or docs/*.md:
         a custom module's description, options and return values, from the DOCUMENTATION
         and RETURN YAML of library/MODULE.py or roles/*/library/MODULE.py.
 
+    <!-- stage-roads -->  ...  <!-- /stage-roads -->
+        in docs/stages.md: which files write each stage's fact and which roles read which
+        of its keys (`llm_fleet_fact('X')`, `llm_fleet_stage_fact('X').key` in the roles),
+        and every variable a role reads from another role that is not its dependency.
+
 And one whole file per role, roles/ROLE/README.md (Galaxy's convention), from the same
 argument_specs.yml and meta/main.yml: what the role does, its entry points, dependencies,
 variables, an example play, and the stage page that explains it.
@@ -26,6 +31,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLE_BLOCK = re.compile(r"(<!-- role-vars: (\S+) -->\n).*?(<!-- /role-vars: \2 -->)", re.S)
+ROADS_BLOCK = re.compile(r"(<!-- stage-roads -->\n).*?(<!-- /stage-roads -->)", re.S)
 MODULE_BLOCK = re.compile(r"(<!-- module-doc: (\S+) -->\n).*?(<!-- /module-doc: \2 -->)", re.S)
 # Ansible's documentation markup: C(code), I(option), B(bold), O(option), V(value), U(url), L(text,url)
 MARKUP = re.compile(r"\b([CIBOVUL])\(([^()]*)\)")
@@ -172,7 +178,119 @@ def role_readme(role):
     return "\n".join(out)
 
 
+JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+# keys whose string values are bare Jinja expressions
+BARE_JINJA_KEYS = ("when", "that", "until", "changed_when", "failed_when")
+
+
+def _expressions(node, bare=False):
+    """The Jinja a parsed YAML node evaluates: {{ }} and {% %} in strings, and the
+    bare expressions of when/that/until/changed_when/failed_when."""
+    if isinstance(node, dict):
+        return [e for key, value in node.items() for e in _expressions(value, key in BARE_JINJA_KEYS)]
+    if isinstance(node, list):
+        return [e for item in node for e in _expressions(item, bare)]
+    if isinstance(node, str):
+        return [node] if bare else JINJA.findall(node)
+    return []
+
+
+def _role_files(role):
+    """(path, the Jinja it evaluates) of a role's tasks, handlers, defaults, vars and
+    templates: what a role reads, not what its prose or comments mention."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "roles", role, "**", "*"), recursive=True)):
+        if not path.endswith((".yml", ".yaml", ".j2")) or path.endswith("argument_specs.yml"):
+            continue
+        with open(path) as handle:
+            text = handle.read()
+        if path.endswith(".j2"):
+            code = JINJA.findall(re.sub(r"\{#.*?#\}", "", text, flags=re.S))
+        else:
+            code = _expressions(yaml.safe_load(text))
+        out.append((os.path.relpath(path, ROOT), "\n".join(code)))
+    return out
+
+
+def roles():
+    return sorted(r for r in os.listdir(os.path.join(ROOT, "roles")) if os.path.isdir(os.path.join(ROOT, "roles", r)))
+
+
+def role_variables(role):
+    """The variables a role owns: its defaults, vars and argument_specs options."""
+    names = set()
+    for name in ("defaults/main.yml", "vars/main.yml"):
+        path = os.path.join(ROOT, "roles", role, name)
+        if os.path.exists(path):
+            with open(path) as handle:
+                names |= set(yaml.safe_load(handle) or {})
+    path = os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml")
+    if os.path.exists(path):
+        with open(path) as handle:
+            for entry in (yaml.safe_load(handle)["argument_specs"] or {}).values():
+                names |= set((entry or {}).get("options") or {})
+    return names
+
+
+def role_dependencies(role):
+    path = os.path.join(ROOT, "roles", role, "meta", "main.yml")
+    with open(path) as handle:
+        meta = yaml.safe_load(handle) or {}
+    return set(d["role"] if isinstance(d, dict) else d for d in meta.get("dependencies") or [])
+
+
+def cross_role_reads():
+    """{(reading role, variable): [files]}: a variable of another role that is not
+    one of the reader's dependencies (docs/stages.md: stages talk through facts)."""
+    owners = {}
+    for role in roles():
+        for name in role_variables(role):
+            owners.setdefault(name, set()).add(role)
+    found = {}
+    for role in roles():
+        allowed = role_dependencies(role) | {role}
+        for path, text in _role_files(role):
+            # names, not the words of the string literals a message is made of
+            code = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "''", text)
+            for name in set(re.findall(r"\b[a-z][a-z0-9_]*\b", code)):
+                if name in owners and not owners[name] & allowed:
+                    found.setdefault((role, name), []).append(path)
+    return found
+
+
+FACT_WRITE = re.compile(r"llm_fleet_fact\(['\"](\w+)['\"]")
+FACT_READ = re.compile(r"llm_fleet_stage_fact\(['\"](\w+)['\"]\)\)?(?:\.(\w+)|\[['\"](\w+)['\"]\])?")
+
+
+def stage_roads():
+    """The generated section of docs/stages.md."""
+    writers, readers = {}, {}
+    for role in roles():
+        for path, text in _role_files(role):
+            for stage in FACT_WRITE.findall(text):
+                writers.setdefault(stage, set()).add(path)
+            for stage, attr, item in FACT_READ.findall(text):
+                readers.setdefault(stage, {}).setdefault(role, set()).add(attr or item or "(the whole fact)")
+    out = ["<!-- Generated by scripts/role-docs.py from the roles' code: do not edit. -->", "",
+           "| Stage fact | Written by | Read by (role: keys) |", "|---|---|---|"]
+    for stage in sorted(set(writers) | set(readers)):
+        read = "; ".join("%s: %s" % (role, ", ".join("`%s`" % k for k in sorted(keys)))
+                         for role, keys in sorted(readers.get(stage, {}).items()))
+        out.append("| `%s` | %s | %s |" % (stage, ", ".join("`%s`" % p for p in sorted(writers.get(stage, ()))) or "-",
+                                          read or "-"))
+    reads = cross_role_reads()
+    out += ["", "Variables a role reads from another role that is not its dependency (%d; each one a "
+            "seam to move into a fact or a fleet-wide setting, and "
+            "`tests/unit/test_stage_roads.py` fails on a new one):" % len(reads), "",
+            "| Reader | Variable (owner) | Where |", "|---|---|---|"]
+    owners = dict((name, role) for role in roles() for name in role_variables(role))
+    for (role, name), paths in sorted(reads.items()):
+        out.append("| %s | `%s` (%s) | %s |" % (role, name, owners[name], ", ".join("`%s`" % p for p in sorted(paths))))
+    return "\n".join(out) + "\n"
+
+
 def render(text):
+    text = ROADS_BLOCK.sub(lambda m: m.group(1) + stage_roads() + m.group(2), text)
     text = ROLE_BLOCK.sub(lambda m: m.group(1) + table(m.group(2)) + m.group(3), text)
     return MODULE_BLOCK.sub(lambda m: m.group(1) + module_section(m.group(2)) + m.group(3), text)
 
