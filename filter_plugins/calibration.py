@@ -26,6 +26,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 
 from ansible.module_utils.plan_speed import CALIBRATION_VERSION, merge_calibration  # noqa: E402
 from ansible.module_utils.speed_gate import merge_baselines  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def llm_fleet_calibration(text, path="the calibration file"):
@@ -74,11 +75,18 @@ def llm_fleet_calibration_line(record):
         record.get("aggregate_exponent") if record.get("aggregate_exponent") is not None else "-")
 
 
+_KINDS = {
+    "llm_fleet_calibration_merge": {"existing": "dict?", "records": "dicts?"},
+    "llm_fleet_calibration_line": {"record": "dict"},
+    "llm_fleet_baselines_merge": {"calibration": "dict?", "gates": "dicts?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llm_fleet_calibration": llm_fleet_calibration,
             "llm_fleet_calibration_merge": llm_fleet_calibration_merge,
             "llm_fleet_calibration_line": llm_fleet_calibration_line,
             "llm_fleet_baselines_merge": llm_fleet_baselines_merge,
-        }
+        }, _KINDS)

@@ -8,6 +8,18 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
+
+import ansible.module_utils
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
+
 COLUMNS = (("host", 20), ("GPU", 26), ("tuning", 15), ("build", 13), ("serves", 27), ("expect", 8),
            ("measured", 9), ("verify", 7))
 
@@ -117,6 +129,11 @@ def llm_fleet_decisions(hosts, hostvars):
     return lines
 
 
+_KINDS = {
+    "llm_fleet_decisions": {"hosts": "texts?", "hostvars": "dict"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llm_fleet_decisions": llm_fleet_decisions}
+        return guard_filters({"llm_fleet_decisions": llm_fleet_decisions}, _KINDS)

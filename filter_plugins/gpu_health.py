@@ -35,6 +35,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 
 from ansible.module_utils.gpu_health import (PROCESS_CHECKS, SOAKED_CHECKS, assess, healthy,  # noqa: E402
                                             hold_record, plan_against_foreign, readmission, soak_seconds)
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def _lost_problem(uuid, lost):
@@ -136,6 +137,11 @@ def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse", lost=None, previous
     return {"serve": serve, "held": held, "warnings": warnings, "notes": notes, "readmitted": list(kept.values())}
 
 
+_KINDS = {
+    "llm_fleet_gpu_gate": {"plans": "dicts?", "gpus": "dicts?", "lost": "dicts?", "previous": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llm_fleet_gpu_gate": llm_fleet_gpu_gate}
+        return guard_filters({"llm_fleet_gpu_gate": llm_fleet_gpu_gate}, _KINDS)

@@ -17,9 +17,19 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ipaddress
+import os
 import re
 
+import ansible.module_utils
 from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 _WILDCARD_V4 = ("", "0.0.0.0", "*")
 _WILDCARD_V6 = ("::", "[::]")
@@ -103,7 +113,12 @@ def llm_fleet_local_url(host, port, scheme="http", what="the listen address"):
     return "%s://%s:%d" % (scheme, address, llm_fleet_port(port, "llm_fleet_local_url: the port of %s" % what))
 
 
+# `what` names the variable in every message: text
+_KINDS = dict((name, {"what": "text"})
+              for name in ("llm_fleet_local_address", "llm_fleet_port", "llm_fleet_local_url"))
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llm_fleet_local_address": llm_fleet_local_address, "llm_fleet_local_url": llm_fleet_local_url,
-                "llm_fleet_port": llm_fleet_port}
+        return guard_filters({"llm_fleet_local_address": llm_fleet_local_address,
+                              "llm_fleet_local_url": llm_fleet_local_url, "llm_fleet_port": llm_fleet_port}, _KINDS)

@@ -18,6 +18,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.speed_gate import canary_hosts  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def llm_fleet_canary_hosts(hosts, spec=1):
@@ -27,6 +28,11 @@ def llm_fleet_canary_hosts(hosts, spec=1):
         raise AnsibleFilterError(str(err))
 
 
+_KINDS = {
+    "llm_fleet_canary_hosts": {"hosts": "list?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llm_fleet_canary_hosts": llm_fleet_canary_hosts}
+        return guard_filters({"llm_fleet_canary_hosts": llm_fleet_canary_hosts}, _KINDS)

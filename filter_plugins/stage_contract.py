@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import functools
 import os
 
 import ansible.module_utils
@@ -22,22 +23,30 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils import stage_contract  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def _filter(function):
+    @functools.wraps(function)
     def run(*args):
         try:
             return function(*args)
         except stage_contract.StageContractError as err:
             raise AnsibleFilterError(str(err))
-    run.__doc__ = function.__doc__
     return run
+
+
+_KINDS = {
+    "llm_fleet_fact_path": {"stage": "text"},
+    "llm_fleet_fact": {"content": "dict", "stage": "text"},
+    "llm_fleet_stage_fact": {"ansible_local": "dict?", "stage": "text"},
+}
 
 
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llm_fleet_fact_path": _filter(stage_contract.fact_path),
             "llm_fleet_fact": _filter(stage_contract.fact_record),
             "llm_fleet_stage_fact": _filter(stage_contract.stage_fact),
-        }
+        }, _KINDS)

@@ -30,6 +30,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
 try:
@@ -37,7 +38,16 @@ try:
 except ImportError:  # pragma: no cover - Python 2
     from collections import Mapping
 
+import ansible.module_utils
 from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 # Characters a word may hold without quotes (after % and $ are doubled).
 _BARE = re.compile(r"^[A-Za-z0-9_@+=:,./%$-]+$")
@@ -159,13 +169,18 @@ def systemd_user(name, what="a user name", allow_root=False):
     return text
 
 
+# `what` names the variable in every message: text
+_KINDS = dict((name, {"what": "text"}) for name in (
+    "systemd_exec_args", "systemd_exec_path", "systemd_env", "systemd_path", "systemd_line", "systemd_user"))
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "systemd_exec_args": systemd_exec_args,
             "systemd_exec_path": systemd_exec_path,
             "systemd_env": systemd_env,
             "systemd_path": systemd_path,
             "systemd_line": systemd_line,
             "systemd_user": systemd_user,
-        }
+        }, _KINDS)

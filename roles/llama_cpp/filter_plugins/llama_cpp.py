@@ -8,11 +8,24 @@ the pinned build lacks. `llama_cpp_version_info` parses `--version`.
 `llama_cpp_missing_archs` reads `cuobjdump --list-elf` of the CUDA backend and
 names the requested architectures it holds no code for.
 `llama_cpp_cmake_flags` and `llama_cpp_build_key` name a build from what makes it.
-Kept free of Ansible imports so the unit tests load it directly.
+Plain functions, so the unit tests load this file directly; FilterModule checks
+what they are given (module_utils/filter_input.py).
 """
 import hashlib
 import json
+import os
 import re
+
+import ansible.module_utils
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 # llama.cpp's common/arg.cpp prints each option as its flags (and value hints)
 # padded to column 40, then the help text; flags longer than 37 characters get
@@ -122,9 +135,20 @@ def llama_cpp_build_plan(builds, build_host=""):
     return plan
 
 
+_KINDS = {
+    "llama_cpp_build_key": {"archs": "list?"},
+    "llama_cpp_build_plan": {"builds": "dicts?", "build_host": "text?"},
+    "llama_cpp_cmake_flags": {"definitions": "dict?"},
+    "llama_cpp_cubin_archs": {"listing": "text?"},
+    "llama_cpp_missing_archs": {"archs": "list?", "listing": "text?"},
+    "llama_cpp_help_flags": {"text": "text?"},
+    "llama_cpp_version_info": {"text": "text?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llama_cpp_ninja_progress": llama_cpp_ninja_progress,
             "llama_cpp_build_key": llama_cpp_build_key,
             "llama_cpp_build_plan": llama_cpp_build_plan,
@@ -133,4 +157,4 @@ class FilterModule(object):
             "llama_cpp_missing_archs": llama_cpp_missing_archs,
             "llama_cpp_help_flags": llama_cpp_help_flags,
             "llama_cpp_version_info": llama_cpp_version_info,
-        }
+        }, _KINDS)

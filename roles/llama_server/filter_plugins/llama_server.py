@@ -21,6 +21,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.llama_flags import PLAN_FLAGS, SERVER, plan_flags  # noqa: E402
+from ansible.module_utils.filter_input import FilterInputError, guard_filters, short  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
 # default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
@@ -30,6 +31,9 @@ CUDA_MODULE_LOADING_VALUES = ("LAZY", "EAGER")
 # The oldest systemd the roles support (Ubuntu 20.04: 245.4). A host whose version
 # cannot be read gets a unit with nothing newer than this.
 SYSTEMD_OLDEST_SUPPORTED = 245
+# Linux's largest CONFIG_NR_CPUS is 8192; a CPU list reaching past this bound is not
+# a host's (and "0-99999999999" would take minutes to expand).
+CPU_ID_LIMIT = 1 << 16
 # Flags the role cannot run without: a build that lacks one cannot serve the plan
 # as asked (and without --api-key-file it would serve without authentication).
 _ESSENTIAL_FLAGS = ("--model", "--ctx-size", "--parallel", "--port", "--host", "--api-key-file")
@@ -61,7 +65,7 @@ def llama_server_args(plan, options, supported_flags):
     for flag, value in wanted:
         if flag not in supported:
             if flag in _ESSENTIAL_FLAGS:
-                raise ValueError("the installed llama-server has no %s flag; it cannot run this plan as asked "
+                raise FilterInputError("the installed llama-server has no %s flag; it cannot run this plan as asked "
                                  "(build a llama.cpp that has it: the llama_cpp stage)" % flag)
             dropped.append(flag)
             continue
@@ -73,10 +77,11 @@ def llama_server_args(plan, options, supported_flags):
         extra = str(extra)
         name = extra.split("=", 1)[0]
         if extra.startswith("-") and name in owned:
-            raise ValueError("llama_server_extra_args has %s, which the role sets itself (from the plan and the "
+            raise FilterInputError("llama_server_extra_args has %s, which the role sets itself (from the plan and the "
                              "llama_server_* variables, after its checks): set the variable instead" % name)
         if extra.startswith("-") and name not in supported:
-            raise ValueError("llama_server_extra_args has %s, which the installed llama-server does not know" % extra)
+            raise FilterInputError("llama_server_extra_args has %s, which the installed llama-server does not know"
+                                   % extra)
         args.append(extra)
     return {"args": args, "dropped": dropped}
 
@@ -129,8 +134,8 @@ def llama_server_environment(llama_cpp_fact, cuda_module_loading="auto"):
     elif choice.lower() in ("auto", ""):
         choice = choice.lower()
     else:
-        raise ValueError("llama_server_cuda_module_loading must be auto, LAZY, EAGER or '' (CUDA's default), got %r"
-                         % cuda_module_loading)
+        raise FilterInputError("llama_server_cuda_module_loading must be auto, LAZY, EAGER or '' (CUDA's default), "
+                               "got %r" % cuda_module_loading)
     if fact.get("backend") != "cuda" or choice == "":
         return {}
     if choice == "auto":
@@ -148,7 +153,11 @@ def _cpu_ids(value):
     if value is None:
         return set()
     if isinstance(value, (list, tuple, set)):
-        return set(int(cpu) for cpu in value)
+        cpus = set(int(cpu) for cpu in value)
+        if any(cpu < 0 or cpu >= CPU_ID_LIMIT for cpu in cpus):
+            raise FilterInputError("llama_server_cpu_list: %s holds a CPU id outside 0-%d"
+                                   % (short(value), CPU_ID_LIMIT - 1))
+        return cpus
     text = str(value)
     match = re.search(r"Cpus_allowed_list:\s*(\S*)", text)
     if match:
@@ -160,7 +169,11 @@ def _cpu_ids(value):
         if not part:
             continue
         first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
+        first, last = int(first), int(last or first)
+        if last >= CPU_ID_LIMIT or last - first >= CPU_ID_LIMIT:
+            raise FilterInputError("llama_server_cpu_list: %s is not a CPU list of this host (CPU ids below %d, "
+                                   "e.g. '0-19,40-59')" % (short(value), CPU_ID_LIMIT))
+        cpus.update(range(first, last + 1))
     return cpus
 
 
@@ -195,13 +208,20 @@ def llama_server_systemd_version(systemctl_version):
     return int(match.group(1)) if match else SYSTEMD_OLDEST_SUPPORTED
 
 
+_KINDS = {
+    "llama_server_args": {"plan": "dict", "options": "dict", "supported_flags": "list?"},
+    "llama_server_instance": {"plan": "dict", "fingerprints": "dict?"},
+    "llama_server_environment": {"llama_cpp_fact": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llama_server_args": llama_server_args,
             "llama_server_instance": llama_server_instance,
             "llama_server_health_retries": llama_server_health_retries,
             "llama_server_environment": llama_server_environment,
             "llama_server_cpu_list": llama_server_cpu_list,
             "llama_server_systemd_version": llama_server_systemd_version,
-        }
+        }, _KINDS)

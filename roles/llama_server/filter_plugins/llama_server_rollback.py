@@ -5,9 +5,20 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
+import ansible.module_utils
 from ansible.errors import AnsibleFilterError
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def llama_server_dropin_build(text):
@@ -39,9 +50,14 @@ def llama_server_record_rollback(fact, rolled_back, fingerprints=None):
     return fact
 
 
+_KINDS = {
+    "llama_server_record_rollback": {"fact": "dict?", "rolled_back": "dicts?", "fingerprints": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llama_server_dropin_build": llama_server_dropin_build,
             "llama_server_record_rollback": llama_server_record_rollback,
-        }
+        }, _KINDS)

@@ -36,6 +36,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 from ansible.module_utils.gpu_health import FOREIGN_POLICIES, foreign_processes  # noqa: E402
 from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
 from ansible.module_utils.plan_explain import plan_summary  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -430,9 +431,23 @@ def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", mod
     }
 
 
+_KINDS = {
+    "llm_model_candidates": {"entries": "dicts", "plans": "dicts?"},
+    "llm_model_fetch_files": {"entries": "dicts", "plans": "dicts?"},
+    "llm_model_gpus": {"gpus": "dicts?"},
+    "llm_model_plan_lines": {"result": "dict"},
+    "llm_model_fit_argv": {"plan": "dict"},
+    "llm_model_fit_estimate": {"result": "dict?", "plan": "dict"},
+    "llm_model_record": {
+        "plans": "dicts", "entries": "dicts", "fetched": "dict?", "fit_results": "dict?", "policy": "dict?",
+        "choice": "dict?", "previews": "dicts?"},
+    "llm_model_preview_lines": {"results": "dicts?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "llm_model_entries": llm_model_entries,
             "llm_model_candidates": llm_model_candidates,
             "llm_model_fetch_files": llm_model_fetch_files,
@@ -443,4 +458,4 @@ class FilterModule(object):
             "llm_model_record": llm_model_record,
             "llm_model_preview_lines": llm_model_preview_lines,
             "llm_model_progress_line": llm_model_progress_line,
-        }
+        }, _KINDS)

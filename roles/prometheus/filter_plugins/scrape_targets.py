@@ -5,6 +5,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ipaddress
+import os
+
+import ansible.module_utils
+
+# Ansible ships module_utils/ to modules only; the controller maps the
+# repository's copy, so a plugin and a module share one definition.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                              "module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def _loopback(address):
@@ -36,6 +48,11 @@ def llm_fleet_reachable_targets(groups, monitoring_host):
     return {"targets": kept, "unreachable": unreachable}
 
 
+_KINDS = {
+    "llm_fleet_reachable_targets": {"groups": "dicts?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"llm_fleet_reachable_targets": llm_fleet_reachable_targets}
+        return guard_filters({"llm_fleet_reachable_targets": llm_fleet_reachable_targets}, _KINDS)

@@ -22,6 +22,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 
 from ansible.module_utils.llama_flags import BENCH, plan_argv  # noqa: E402
 from ansible.module_utils.plan_memory import GIB, MIB, cuda_overhead_bytes  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 # llama-bench's own KV cache: its -p/-n contexts are a few hundred tokens.
 BENCH_KV_BYTES = 256 * MIB
@@ -67,9 +68,15 @@ def verify_bench_argv(instance, plan, bin_dir, prompt_tokens, gen_tokens, repeti
             + ["-p", str(prompt_tokens), "-n", str(gen_tokens), "-r", str(repetitions), "-o", "json"])
 
 
+_KINDS = {
+    "verify_bench_decision": {"plan": "dict?", "gpu": "dict?", "llama_cpp": "dict?"},
+    "verify_bench_argv": {"instance": "dict", "plan": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "verify_bench_decision": verify_bench_decision,
             "verify_bench_argv": verify_bench_argv,
-        }
+        }, _KINDS)

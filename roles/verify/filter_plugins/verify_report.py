@@ -22,6 +22,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.plan_speed import calibration_record  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 GIB = float(1 << 30)
 RECORD_VERSION = 1
@@ -492,9 +493,22 @@ def verify_fleet_vram_svg(report, width=720):
     return "\n".join(out) + "\n"
 
 
+_KINDS = {
+    "verify_host_record": {
+        "instances": "dicts?", "plans": "dicts?", "gpus": "dicts?", "loadtests": "list?", "benches": "list?",
+        "llama_cpp": "dict?"},
+    "verify_progress_line": {"record": "dict"},
+    "verify_fleet_report": {"records": "list?", "settings": "dict?"},
+    "verify_fleet_markdown": {"report": "dict", "missing_hosts": "list?"},
+    "verify_fleet_svg": {"report": "dict"},
+    "verify_fleet_vram_svg": {"report": "dict"},
+    "verify_llama_bench_figures": {"result": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {
+        return guard_filters({
             "verify_host_record": verify_host_record,
             "verify_progress_line": verify_progress_line,
             "verify_fleet_report": verify_fleet_report,
@@ -502,4 +516,4 @@ class FilterModule(object):
             "verify_fleet_svg": verify_fleet_svg,
             "verify_fleet_vram_svg": verify_fleet_vram_svg,
             "verify_llama_bench_figures": llama_bench_figures,
-        }
+        }, _KINDS)

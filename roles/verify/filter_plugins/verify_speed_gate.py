@@ -19,6 +19,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.speed_gate import check_min_ratio, judge  # noqa: E402
+from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
 def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enabled=True):
@@ -65,6 +66,11 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
     }
 
 
+_KINDS = {
+    "verify_speed_gate": {"record": "dict?", "served": "dicts?", "accepted": "dict?", "calibration": "dict?"},
+}
+
+
 class FilterModule(object):
     def filters(self):
-        return {"verify_speed_gate": verify_speed_gate}
+        return guard_filters({"verify_speed_gate": verify_speed_gate}, _KINDS)
