@@ -257,3 +257,15 @@ def test_the_plays_leave_settled_hosts_out():
         == "monitoring:!llm_fleet_settled"
     # the canary's groups when no host is left to roll out to
     assert llm_fleet_unsettled("llm_fleet_canary", settled) == NO_HOST
+
+
+def test_the_stage_tags_a_whole_run_must_not_skip_are_site_yml_s():
+    """A --skip-tags naming one of them makes the run partial (no stamp); a new stage's tag
+    must be in the list, or skipping it would leave a stamp of a run that did not run it."""
+    import yaml
+    tags = set()
+    for path in ("site.yml", "playbooks/rollout.yml"):
+        for entry in yaml.safe_load((ROOT / path).read_text()):
+            tags.update(entry.get("tags") or [])
+    defaults = yaml.safe_load((ROOT / "roles" / "fleet_common" / "defaults" / "main.yml").read_text())
+    assert sorted(tags - {"always"}) == sorted(defaults["fleet_common_settled_stage_tags"])
