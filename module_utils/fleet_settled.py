@@ -83,8 +83,12 @@ def units(patterns, run=subprocess.run):
     (systemctl's own globs)."""
     if not patterns:
         return {}
-    listed = run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager"] + list(patterns),
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    try:
+        listed = run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager"] + list(patterns),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    except OSError as err:
+        raise SettledError("systemctl cannot run (%s): a host without systemd compares no units "
+                           "(fleet_common_settled_units: [])" % err)
     if listed.returncode != 0:
         raise SettledError("systemctl list-units failed: %s" % listed.stderr.strip())
     states = {}

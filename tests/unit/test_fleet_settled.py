@@ -148,6 +148,11 @@ def test_units_are_read_from_systemctl():
     assert calls[1] == ["systemctl", "is-enabled", "llama-server@0.service", "llama-server@1.service"]
     assert fleet_settled.units([], run=run) == {}
 
+    def missing(argv, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "systemctl")
+    with pytest.raises(fleet_settled.SettledError, match=r"systemctl cannot run .*fleet_common_settled_units: \[\]"):
+        fleet_settled.units(["llama-server@*"], run=missing)
+
 
 def test_the_stamp_is_written_whole_and_read_back(tmp_path):
     host_files(tmp_path)
