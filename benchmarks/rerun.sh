@@ -2,8 +2,9 @@
 # The rerun an operator does after every reboot and re-provisioning, timed: site.yml on
 # the demo fleet `make demo` brought up, which must change nothing. Prints and saves
 # (benchmarks/results/rerun-<date>/): the wall time, each host's changed count, the
-# slowest roles and tasks (ansible.posix's profile_roles / profile_tasks callbacks) and
-# the task count per host.
+# slowest roles and tasks (ansible.posix's profile_roles / profile_tasks callbacks), the
+# task count per host, and which hosts were settled (nothing changed since the last whole
+# run: the stages left them out, docs/upgrades.md "Reruns") or why not.
 #   make demo                      # once: the four demo hosts, deployed
 #   benchmarks/rerun.sh            # the rerun
 #   benchmarks/rerun.sh --reboot   # every demo host restarted first (the simulated reboot)
@@ -55,6 +56,10 @@ for host in hosts:
             print("  %-22s ok=%-4d changed=%d failed=%d skipped=%d" % (
                 host, counts.get("ok", 0), counts.get("changed", 0), counts.get("failed", 0), counts.get("skipped", 0)))
 print("changed in all: %d (0 expected)" % sum(c.get("changed", 0) for c in changed.values()))
+settled = sorted(set(re.findall(r"(\S+) is settled: nothing changed since", log)))
+print("settled (the stages left them out): %d of %d%s" % (len(settled), len(hosts), (": " + ", ".join(settled)) if settled else ""))
+for host, why in re.findall(r"Every stage runs on (\S+?): ([^\n]*(?:\n {8}\S[^\n]*)*)", log):
+    print("  not settled: %s: %s" % (host, " ".join(why.split()).strip(" '")))
 # profile_roles prints "name ---- 12.34s" lines after the recap, then profile_tasks its own
 blocks = log.split("PLAY RECAP")[-1]
 timed = re.findall(r"^(.+?) -{3,} (\d+\.\d+)s$", blocks, re.M)

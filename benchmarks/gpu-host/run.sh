@@ -14,6 +14,8 @@
 #   verify                     for real, against that server (the rendered instance handed
 #                              over: no systemd recorded one): llama-bench, the load test,
 #                              VRAM, and the fleet's decode calibration it records
+#   settled                    for real, twice while the server serves: playbooks/settled.yml and
+#                              record_settled.yml (the rerun's comparison), real NVML
 #   model, again               for real: the next plan reads that calibration
 #
 # Run from the repository root, as root, with:
@@ -192,6 +194,15 @@ stamp "verify stage (real, against the running server)"
 playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify.log" 2>&1; echo "verify rc=$?" | tee -a "$OUT/rc.txt"
 grep -A3 'Print the instance' "$OUT/stage-verify.log" | head -8; grep -A8 'Say what the calibration gained' "$OUT/stage-verify.log" | head -12
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps-after.csv" 2>&1
+
+# --- the rerun's comparison, twice, while the server serves: record, then settled ------
+stamp "settled: record the stamp, then compare (real NVML)"
+for n in 1 2; do
+  playbook benchmarks/gpu-host/settled.yml -e '{"fleet_common_settled_units": []}' > "$OUT/settled-$n.log" 2>&1
+  echo "settled($n) rc=$?" | tee -a "$OUT/rc.txt"
+done
+grep -h -A3 'Say which hosts the stages skip' "$OUT/settled-1.log" "$OUT/settled-2.log" | grep -v '^--' | tee "$OUT/settled.txt"
+python3 -c 'import json,sys; s=json.load(open("/var/lib/llm-fleet/settled.json")); print(json.dumps(s["gpus"], indent=1, sort_keys=True))' > "$OUT/settled-gpus.json" 2>&1
 kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
 
 # --- the model stage again: the next plan expects what verify measured ----------------
