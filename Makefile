@@ -32,7 +32,7 @@ lint: setup
 	@$(TIMED) lint "yamllint --strict . && ansible-lint && ansible-playbook --syntax-check -i inventories/production site.yml"
 
 unit: setup
-	@$(TIMED) unit "python -m pytest -q tests/unit"
+	@$(TIMED) unit "python -m pytest -q -n auto tests/unit"
 
 molecule: setup
 	@$(TIMED) "molecule $(SCENARIO)" "molecule test -s $(SCENARIO)"

@@ -109,7 +109,35 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, s
         argv += ["--tags", ",".join(tags)]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(repo, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=1200)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=1200)
+    # the whole output beside the inventory (pytest keeps the last runs' tmp dirs) ...
+    with open(os.path.join(workdir, "ansible.log"), "w") as handle:
+        handle.write(result.stdout + "\n--- stderr\n" + result.stderr)
+    # ... and the failed tasks at the end, where a test's message (the output's tail) shows them
+    if result.returncode != 0:
+        result.stdout += failed_tasks(result.stdout)
+    return result
+
+
+def failed_tasks(output, limit=3000):
+    """The task header and the first lines of every fatal/failed result in an ansible
+    output, so a failing run's message names the task even when the output is long."""
+    lines, excerpts = output.splitlines(), []
+    task = ""
+    for number, line in enumerate(lines):
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith(("fatal: [", "failed: [")):
+            block = [line]
+            for after in lines[number + 1:number + 12]:
+                if not after.strip() or after.startswith(("TASK [", "PLAY", "NO MORE HOSTS", "RUNNING HANDLER")):
+                    break  # the result ends here (never the recap: recap() must count it once)
+                block.append(after)
+            excerpts.append("\n".join([task] + block))
+    if not excerpts:
+        return ""
+    return "\n== failed tasks (the whole output: ansible.log beside the test's inventory)\n" + \
+        "\n".join(excerpts)[:limit] + "\n"
 
 
 def recap(output, host):
