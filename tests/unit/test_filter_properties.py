@@ -26,7 +26,8 @@ PLUGINS = ["filter_plugins/calibration.py", "filter_plugins/fleet_summary.py", "
            "roles/llama_server/filter_plugins/llama_server.py",
            "roles/llama_server/filter_plugins/llama_server_rollback.py",
            "roles/llm_model/filter_plugins/llm_model.py", "roles/prometheus/filter_plugins/scrape_targets.py",
-           "roles/verify/filter_plugins/verify_bench.py", "roles/verify/filter_plugins/verify_report.py",
+           "roles/verify/filter_plugins/verify_bench.py", "roles/verify/filter_plugins/verify_render.py",
+           "roles/verify/filter_plugins/verify_report.py",
            "roles/verify/filter_plugins/verify_speed_gate.py"]
 FILTERS = {}
 for _path in PLUGINS:

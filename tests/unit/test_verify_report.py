@@ -1,4 +1,4 @@
-"""The verify stage's record and fleet report (roles/verify/filter_plugins/verify_report.py):
+"""The verify stage's record and fleet report (roles/verify/filter_plugins/verify_report.py, drawn by verify_render.py):
 built from a real load test and a real llama-bench run of a CPU llama.cpp build (see
 test_loadtest.py for where the build comes from), and from synthetic GPU figures for
 the ratios, flags and errors a CPU build cannot show."""
@@ -16,15 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 
 
-def load_filters():
-    path = ROOT / "roles" / "verify" / "filter_plugins" / "verify_report.py"
-    spec = importlib.util.spec_from_file_location("verify_report", str(path))
+def load_filters(name):
+    path = ROOT / "roles" / "verify" / "filter_plugins" / (name + ".py")
+    spec = importlib.util.spec_from_file_location(name, str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-vr = load_filters()
+vr = load_filters("verify_report")
+render = load_filters("verify_render")
 
 UUID = "GPU-4f6a1c2e-8b3d-4e55-9a71-2c0d93b5e7a4"
 INSTANCE = {"gpu_index": 0, "gpu_uuid": UUID, "port": 8080, "unit": "llama-server@0.service",
@@ -79,7 +80,7 @@ def test_a_gpu_measurement_calibrates_the_fleet():
     assert (entry["quant_family"], entry["arch"], entry["build"], entry["host"]) == ("Q4_K", "dense",
                                                                                      CUDA_BUILD["build_key"], "gpu01")
     assert rec["not_calibrated"] == []
-    md = vr.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
+    md = render.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
     assert "| 27.8 / 62.0 | 43.5 |" in md  # expected beside measured
 
 
@@ -154,15 +155,15 @@ def test_fleet_report_lists_flagged_errors_and_missing_hosts():
     assert report["hosts"] == 2 and report["instances"] == 2 and report["flagged_hosts"] == ["gpu02"]
     assert report["single_stream_tps_total"] == 35.0
     assert report["ceiling_ratio_min"] == pytest.approx(5.0 / 43.5, abs=1e-3)
-    md = vr.verify_fleet_markdown(report, ["gpu03"])
+    md = render.verify_fleet_markdown(report, ["gpu03"])
     assert "**Flagged (below the ceiling fraction):** gpu02" in md
     assert "**No result (unreachable or failed before measuring):** gpu03" in md
     assert "| gpu01 | 0 Tesla V100-SXM2-32GB | Q4_K_M | 32768 / 4 | f16 | 30.0 |" in md
     assert "| 69% |" in md and "FLAGGED |" in md
     assert "GPUs failing their health check" not in md
     report["settings"]["held_gpus"] = ["gpu02 GPU 1: 2 uncorrectable ECC error(s) since boot"]
-    assert "- gpu02 GPU 1: 2 uncorrectable ECC error(s) since boot" in vr.verify_fleet_markdown(report)
-    svg = ET.fromstring(vr.verify_fleet_svg(report))
+    assert "- gpu02 GPU 1: 2 uncorrectable ECC error(s) since boot" in render.verify_fleet_markdown(report)
+    svg = ET.fromstring(render.verify_fleet_svg(report))
     assert svg.tag.endswith("svg") and len([e for e in svg.iter() if e.tag.endswith("rect")]) == 4
     json.dumps(report)
 
@@ -172,7 +173,7 @@ def test_the_plot_keeps_every_label_inside_the_frame_and_names_an_off_scale_ceil
     near = record(synthetic_loadtest(single=30.0, agg4=90.0), host="gpu01")  # ceiling 43.5: drawn
     tiny = record(synthetic_loadtest(single=20.0), host="gpu02")
     tiny["instances"][0]["decode_ceiling_tps"] = 1776202.0  # a tiny model: named, not drawn
-    svg = ET.fromstring(vr.verify_fleet_svg(vr.verify_fleet_report([near, tiny], "now", {})))
+    svg = ET.fromstring(render.verify_fleet_svg(vr.verify_fleet_report([near, tiny], "now", {})))
     width = float(svg.get("width"))
     texts = [e for e in svg.iter() if e.tag.endswith("text")]
     for t in texts:  # a value label starts at most ~8 characters (7 px each) before the right edge
@@ -200,7 +201,7 @@ def test_record_from_a_real_server_on_a_cpu_build(served):
     assert inst["vram"]["measured_over_predicted"] is None and inst["vram"]["measured_used_bytes"] == GPU["memory_used_bytes"]
     assert not inst["flagged"]
     assert rec["summary"].endswith("(cpu build: ceiling n/a)")
-    md = vr.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
+    md = render.verify_fleet_markdown(vr.verify_fleet_report([rec], "now", {"min_ceiling_fraction": 0.25}))
     assert "| n/a | n/a (cpu) |" in md and "ceiling ratio not applicable" in md
 
 
@@ -217,8 +218,8 @@ def test_llama_bench_output_of_a_real_build(llama_bin_dir, tiny_model):
 def test_the_vram_plot_shows_measured_against_predicted_on_gpu_builds_only():
     import xml.etree.ElementTree as ET
     rec = record(synthetic_loadtest(single=30.0))
-    svg = ET.fromstring(vr.verify_fleet_vram_svg(vr.verify_fleet_report([rec], "now", {})))
+    svg = ET.fromstring(render.verify_fleet_vram_svg(vr.verify_fleet_report([rec], "now", {})))
     texts = [e.text for e in svg.iter() if e.tag.endswith("text")]
     assert "27.00 / 27.41 (-1.5%)" in texts
     cpu = record(synthetic_loadtest(single=30.0), llama_cpp=dict(CUDA_BUILD, backend="cpu"))
-    assert vr.verify_fleet_vram_svg(vr.verify_fleet_report([cpu], "now", {})) == ""
+    assert render.verify_fleet_vram_svg(vr.verify_fleet_report([cpu], "now", {})) == ""

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 """Turn what the verify stage measured on a host into its record (the local fact
-llm_fleet_verify) and the fleet report (Markdown, JSON, a small SVG plot).
+llm_fleet_verify) and the records of the fleet into its report (a JSON-ready dict;
+verify_render.py draws it as Markdown and SVG).
 
 Plain functions over plain dicts, so tests/unit/test_verify_report.py can call
 them without Ansible; the FilterModule at the end exposes them as filters.
@@ -24,7 +25,6 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 from ansible.module_utils.plan_speed import calibration_record  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
-GIB = float(1 << 30)
 RECORD_VERSION = 1
 # The load-test levels the record keeps per instance (besides every level as measured).
 _LEVEL_KEYS = ("concurrency", "streams_ok", "tokens", "wall_s", "aggregate_tps", "aggregate_decode_tps",
@@ -318,190 +318,12 @@ def verify_fleet_report(records, generated_at=None, settings=None):
     }
 
 
-def _cell(value, spec="%.1f"):
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return spec % value
-    return str(value)
-
-
-def verify_fleet_markdown(report, missing_hosts=None):
-    """The fleet report as Markdown."""
-    lines = ["# Fleet verification", ""]
-    lines.append("Generated %s: %d host(s), %d llama-server instance(s). Decode ceiling = the card's memory "
-                 "bandwidth / bytes read per token (the model stage's plan); a host is flagged below %s of it."
-                 % (report.get("generated_at") or "-", report["hosts"], report["instances"],
-                    _cell((report.get("settings") or {}).get("min_ceiling_fraction"), "%.2f")))
-    if report.get("flagged_hosts"):
-        lines += ["", "**Flagged (below the ceiling fraction):** %s" % ", ".join(report["flagged_hosts"])]
-    if report.get("error_hosts"):
-        lines += ["", "**Errors:** %s" % ", ".join(report["error_hosts"])]
-    skipped = (report.get("settings") or {}).get("skipped_hosts") or []
-    if skipped:
-        lines += ["", "**Nothing to verify (no llama-server instance recorded):** %s" % ", ".join(skipped)]
-    if missing_hosts:
-        lines += ["", "**No result (unreachable or failed before measuring):** %s" % ", ".join(missing_hosts)]
-    held = (report.get("settings") or {}).get("held_gpus") or []
-    if held:
-        lines += ["", "**GPUs failing their health check (no instance is started on them):**", ""]
-        lines += ["- %s" % line for line in held]
-    lines += ["", "| host | GPU | quant | -c / -np | KV | 1 stream tok/s | TTFT s | 4 streams tok/s | all slots tok/s "
-              "| expected 1 / all slots tok/s | ceiling tok/s | 1 stream / ceiling | VRAM used / predicted GiB "
-              "| llama-bench pp / tg tok/s | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
-        for i in record.get("instances", []):
-            vram = i.get("vram") or {}
-            if vram.get("note"):
-                vram_text = "n/a (%s)" % (record["llama_cpp"].get("backend") or "?")
-            elif vram.get("measured_used_bytes") is not None and vram.get("predicted_used_bytes"):
-                vram_text = "%.2f / %.2f (%+.1f%%)" % (vram["measured_used_bytes"] / GIB,
-                                                       vram["predicted_used_bytes"] / GIB,
-                                                       (vram["measured_over_predicted"] - 1) * 100)
-            else:
-                vram_text = "-"
-            bench = i.get("llama_bench") or {}
-            if bench.get("status") == "ok":
-                bench_text = "%s / %s" % (_cell(bench.get("prompt_tps")), _cell(bench.get("decode_tps")))
-            else:
-                bench_text = bench.get("status", "-")
-            if i["ceiling_ratio"] is not None:
-                ratio_text = "%.0f%%" % (i["ceiling_ratio"] * 100)
-            else:
-                ratio_text = "n/a"
-            status = "FLAGGED" if i["flagged"] else ("ok" if i["ok"] else "error")
-            if i.get("expected_decode_tps") is not None:
-                expected_text = "%s / %s" % (_cell(i["expected_decode_tps"]), _cell(i.get("expected_aggregate_tps")))
-            else:
-                expected_text = "n/a"
-            lines.append("| %s | %s %s | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                record["host"], i["gpu_index"], i.get("gpu_name") or "", i.get("quant") or "-", i.get("ctx_size"),
-                i.get("parallel"), i.get("cache_type_k"), _cell(i["single_stream_tps"]), _cell(i["ttft_s"], "%.3f"),
-                _cell(i["aggregate_4_tps"]), _cell(i["aggregate_slots_tps"]), expected_text,
-                _cell(i["decode_ceiling_tps"]), ratio_text, vram_text, bench_text, status))
-    notes = []
-    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
-        for i in record.get("instances", []):
-            for problem in i.get("problems", []):
-                notes.append("- %s GPU %s: %s" % (record["host"], i["gpu_index"], problem))
-            if i["ceiling_ratio"] is None and i.get("ceiling_note"):
-                notes.append("- %s GPU %s: ceiling ratio %s" % (record["host"], i["gpu_index"], i["ceiling_note"]))
-    if notes:
-        lines += ["", "## Notes", ""] + notes
-    lines += ["", "Totals: %s tok/s single-stream, %s tok/s with every slot busy; ceiling ratio min %s, mean %s." % (
-        _cell(report.get("single_stream_tps_total")), _cell(report.get("aggregate_slots_tps_total")),
-        _cell(report.get("ceiling_ratio_min"), "%.2f"), _cell(report.get("ceiling_ratio_mean"), "%.2f"))]
-    return "\n".join(lines) + "\n"
-
-
-def _esc(text):
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
-def verify_fleet_svg(report, width=720):
-    """A small horizontal bar chart: per instance, 1-stream and all-slots tok/s against the ceiling."""
-    rows = []
-    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
-        for i in record.get("instances", []):
-            rows.append(("%s GPU %s" % (record["host"], i["gpu_index"]), i.get("single_stream_tps") or 0,
-                         i.get("aggregate_slots_tps") or 0, i.get("decode_ceiling_tps") if i.get("ceiling_ratio")
-                         is not None else None, i.get("flagged")))
-    # room on the right for the value labels; a ceiling far above every measured
-    # figure (a tiny model served by a CPU) is named, not drawn: it would flatten the bars
-    label_w, bar_h, gap, top, right = 200, 10, 8, 30, 80
-    height = top + len(rows) * (2 * bar_h + gap) + 30
-    measured_max = max([max(r[1], r[2]) for r in rows] + [1.0])
-    drawn = [r[3] for r in rows if r[3] and r[3] <= 3 * measured_max]
-    scale_max = max([measured_max] + drawn)
-    plot_w = width - label_w - right
-
-    def x(value):
-        return label_w + plot_w * float(value) / scale_max
-
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
-           % (width, height),
-           '<text x="10" y="18" font-size="13">tok/s per instance: 1 stream (dark), all slots (light), '
-           'decode ceiling (red line)</text>']
-    y = top
-    for label, single, full, ceiling, flagged in rows:
-        out.append('<text x="10" y="%d"%s>%s</text>' % (y + bar_h + 3, ' fill="#c00"' if flagged else "",
-                                                       _esc(label)))
-        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#2b5d8a"/>' % (label_w, y, x(single) - label_w,
-                                                                                       bar_h))
-        out.append('<text x="%.1f" y="%d">%.1f</text>' % (x(single) + 3, y + bar_h - 1, single))
-        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#8fb8de"/>' % (label_w, y + bar_h,
-                                                                                       x(full) - label_w, bar_h))
-        out.append('<text x="%.1f" y="%d">%.1f</text>' % (x(full) + 3, y + 2 * bar_h - 1, full))
-        if ceiling and ceiling <= scale_max:
-            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c00" stroke-width="2"/>'
-                       % (x(ceiling), y - 2, x(ceiling), y + 2 * bar_h + 2))
-        elif ceiling:
-            out.append('<text x="%d" y="%d" text-anchor="end" fill="#c00">ceiling %.0f, off scale</text>'
-                       % (width - 4, y + 2 * bar_h - 1, ceiling))
-        y += 2 * bar_h + gap
-    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444"/>' % (label_w, top - 4, label_w, y))
-    out.append('<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%.0f tok/s</text>'
-               % (label_w, y + 14, label_w + plot_w, y + 14, scale_max))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def verify_fleet_vram_svg(report, width=720):
-    """Per instance on a GPU build: VRAM measured (dark) against the plan's prediction
-    (light), as a share of the card; empty string when no instance has both."""
-    rows = []
-    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
-        for i in record.get("instances", []):
-            vram = i.get("vram") or {}
-            if vram.get("note") or not vram.get("measured_used_bytes") or not vram.get("predicted_used_bytes"):
-                continue
-            rows.append(("%s GPU %s" % (record["host"], i["gpu_index"]), vram["measured_used_bytes"] / GIB,
-                         vram["predicted_used_bytes"] / GIB, (vram.get("total_bytes") or 0) / GIB))
-    if not rows:
-        return ""
-    label_w, bar_h, gap, top, right = 200, 10, 8, 30, 150
-    height = top + len(rows) * (2 * bar_h + gap) + 30
-    scale_max = max([max(r[1], r[2], r[3]) for r in rows] + [1.0])
-    plot_w = width - label_w - right
-
-    def x(value):
-        return label_w + plot_w * float(value) / scale_max
-
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
-           % (width, height),
-           '<text x="10" y="18" font-size="13">GPU memory per instance, GiB: measured (dark), predicted (light), '
-           'the card (grey line)</text>']
-    y = top
-    for label, measured, predicted, card in rows:
-        out.append('<text x="10" y="%d">%s</text>' % (y + bar_h + 3, _esc(label)))
-        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#2b5d8a"/>' % (label_w, y, x(measured) - label_w,
-                                                                                       bar_h))
-        out.append('<rect x="%d" y="%d" width="%.1f" height="%d" fill="#8fb8de"/>' % (label_w, y + bar_h,
-                                                                                       x(predicted) - label_w, bar_h))
-        out.append('<text x="%.1f" y="%d">%.2f / %.2f (%+.1f%%)</text>' % (
-            max(x(measured), x(predicted)) + 3, y + 2 * bar_h - 1, measured, predicted,
-            (measured / predicted - 1) * 100 if predicted else 0))
-        if card:
-            out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#888" stroke-width="2"/>'
-                       % (x(card), y - 2, x(card), y + 2 * bar_h + 2))
-        y += 2 * bar_h + gap
-    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444"/>' % (label_w, top - 4, label_w, y))
-    out.append('<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%.0f GiB</text>'
-               % (label_w, y + 14, label_w + plot_w, y + 14, scale_max))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
 _KINDS = {
     "verify_host_record": {
         "instances": "dicts?", "plans": "dicts?", "gpus": "dicts?", "loadtests": "list?", "benches": "list?",
         "llama_cpp": "dict?"},
     "verify_progress_line": {"record": "dict"},
     "verify_fleet_report": {"records": "list?", "settings": "dict?"},
-    "verify_fleet_markdown": {"report": "dict", "missing_hosts": "list?"},
-    "verify_fleet_svg": {"report": "dict"},
-    "verify_fleet_vram_svg": {"report": "dict"},
     "verify_llama_bench_figures": {"result": "dict?"},
 }
 
@@ -512,8 +334,5 @@ class FilterModule(object):
             "verify_host_record": verify_host_record,
             "verify_progress_line": verify_progress_line,
             "verify_fleet_report": verify_fleet_report,
-            "verify_fleet_markdown": verify_fleet_markdown,
-            "verify_fleet_svg": verify_fleet_svg,
-            "verify_fleet_vram_svg": verify_fleet_vram_svg,
             "verify_llama_bench_figures": llama_bench_figures,
         }, _KINDS)
