@@ -2,7 +2,8 @@
 """llama.cpp's command-line flags for a plan: the one place that says which
 plan key is which flag of which llama.cpp program.
 
-Every command line built from a plan goes through plan_argv: the planner's
+Every command line built from a plan goes through plan_argv (and run_flag for
+the few flags that are no plan key): the planner's
 `server_args` (short flags, to read), the llama_server role's unit (long flags,
 filtered by the installed build's --help), llama-fit-params in the llm_model
 role and llama-bench in the verify role. Pure Python (no Ansible imports): the
@@ -32,6 +33,15 @@ PLAN_FLAGS = (
     ("ubatch_size", "--ubatch-size", "-ub", (SERVER, FIT_PARAMS)),
     ("split_mode", "--split-mode", "-sm", _ALL),
     ("tensor_split", "--tensor-split", "-ts", _ALL),
+)
+
+# Flags of llama-server that are no plan key, (name, long flag, short flag): the thread
+# count (decode and batch alike), and llama.cpp's own fitting, which the server runs
+# with off because the plan already fitted every value.
+RUN_FLAGS = (
+    ("threads", "--threads", "-t"),
+    ("threads_batch", "--threads-batch", "-tb"),
+    ("fit", "--fit", "-fit"),
 )
 
 # Only a plan over several GPUs carries these; a one-GPU plan leaves llama.cpp's
@@ -89,3 +99,11 @@ def plan_argv(plan, program, short=False):
     for flag, value in plan_flags(plan, program, short):
         argv.extend((flag, value))
     return argv
+
+
+def run_flag(name, value, short=False):
+    """(flag, value) of one of RUN_FLAGS."""
+    for key, long_flag, short_flag in RUN_FLAGS:
+        if key == name:
+            return short_flag if short else long_flag, str(value)
+    raise ValueError("no llama-server flag is known for %r (known: %s)" % (name, ", ".join(k for k, _, _ in RUN_FLAGS)))

@@ -12,7 +12,7 @@ __metaclass__ = type
 
 from ansible.module_utils.gguf_model import KV_CACHE_TYPES, round_up
 from ansible.module_utils.input_schema import LLAMA_MAX_SEQ, SchemaError, check_gpus, number
-from ansible.module_utils.llama_flags import SERVER, plan_argv
+from ansible.module_utils.llama_flags import SERVER, plan_argv, run_flag
 from ansible.module_utils.plan_explain import (
     budget_table, candidate_verdicts, no_fit_message, plan_reason, plan_summary)
 from ansible.module_utils.plan_memory import (
@@ -325,7 +325,8 @@ def _server_args(plan):
     """llama-server's command line for the plan (short flags, to read); -fit off
     because the plan already fitted every value."""
     shown = dict(plan, model_path=plan["model_path"] or "MODEL.gguf")
-    return plan_argv(shown, SERVER, short=True) + ["-t", str(plan["threads"]), "-fit", "off"]
+    return plan_argv(shown, SERVER, short=True) + list(run_flag("threads", plan["threads"], short=True)) + list(
+        run_flag("fit", "off", short=True))
 
 
 def plan_gpu(gpu, models, policy, sharing=1, calibration=None):

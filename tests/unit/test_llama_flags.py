@@ -82,3 +82,11 @@ def test_the_bench_command_line():
 def test_the_health_wait_grows_with_the_model():
     assert server.llama_server_health_retries(0, 60, 15, 2) == 30
     assert server.llama_server_health_retries(int(16.5 * GIB), 60, 15, 2) == 154
+
+
+def test_the_flags_that_are_no_plan_key_come_from_the_table_too():
+    assert llama_flags.run_flag("threads", 8) == ("--threads", "8")
+    assert llama_flags.run_flag("threads_batch", 8, short=True) == ("-tb", "8")
+    assert llama_flags.run_flag("fit", "off", short=True) == ("-fit", "off")
+    with pytest.raises(ValueError, match="no llama-server flag is known for 'thread'"):
+        llama_flags.run_flag("thread", 8)

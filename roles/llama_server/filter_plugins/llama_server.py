@@ -20,7 +20,7 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
-from ansible.module_utils.llama_flags import PLAN_FLAGS, SERVER, plan_flags  # noqa: E402
+from ansible.module_utils.llama_flags import PLAN_FLAGS, RUN_FLAGS, SERVER, plan_flags, run_flag  # noqa: E402
 from ansible.module_utils.filter_input import FilterInputError, guard_filters, short  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
@@ -38,7 +38,7 @@ CPU_ID_LIMIT = 1 << 16
 # as asked (and without --api-key-file it would serve without authentication).
 _ESSENTIAL_FLAGS = ("--model", "--ctx-size", "--parallel", "--port", "--host", "--api-key-file")
 # Other spellings of flags the role sets, which llama_server_extra_args may not repeat.
-_OWNED_ALIASES = ("-a", "-t", "-tb", "--gpu-layers", "--api-key", "-fit", "--mlock", "--load-mode")
+_OWNED_ALIASES = ("-a", "--gpu-layers", "--api-key", "--mlock", "--load-mode")
 
 
 def llama_server_args(plan, options, supported_flags):
@@ -50,7 +50,7 @@ def llama_server_args(plan, options, supported_flags):
     # The network options right after the model, where they have always been (a
     # changed ExecStart would restart every instance on upgrade).
     wanted[1:1] = [("--alias", options.get("alias")), ("--host", options["host"]), ("--port", options["port"])]
-    wanted += [("--threads", options["threads"]), ("--threads-batch", options["threads"])]
+    wanted += [run_flag("threads", options["threads"]), run_flag("threads_batch", options["threads"])]
     if options.get("metrics"):
         wanted.append(("--metrics", None))
     if options.get("api_key_file"):
@@ -60,7 +60,7 @@ def llama_server_args(plan, options, supported_flags):
         wanted.append(("--load-mode", "mlock") if "--load-mode" in supported else ("--mlock", None))
     if not options.get("llama_fit", False):
         # The plan already fitted every value; llama.cpp must not change them silently.
-        wanted.append(("--fit", "off"))
+        wanted.append(run_flag("fit", "off"))
     args, dropped = [], []
     for flag, value in wanted:
         if flag not in supported:
@@ -72,7 +72,8 @@ def llama_server_args(plan, options, supported_flags):
         args.append(flag)
         if value is not None:
             args.append(str(value))
-    owned = set(flag for flag, _ in wanted) | set(_OWNED_ALIASES) | set(short for _, _, short, _ in PLAN_FLAGS)
+    owned = (set(flag for flag, _ in wanted) | set(_OWNED_ALIASES) | set(short for _, _, short, _ in PLAN_FLAGS)
+             | set(short for _, _, short in RUN_FLAGS))
     for extra in options.get("extra_args") or []:
         extra = str(extra)
         name = extra.split("=", 1)[0]
