@@ -329,49 +329,35 @@ def _server_args(plan):
         run_flag("fit", "off", short=True))
 
 
-def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
-    """One GPU's plan (dict) and its budget table (list of str); raises PlanError."""
-    for key in ("memory_total_bytes", "memory_bandwidth_bytes_per_s"):
-        if not gpu.get(key):
-            raise PlanError("GPU %s has no %s: pass the entries nvidia_gpu_facts returns" % (gpu.get("index"), key))
+def _choose(gpu, models, policy, calibration):
+    """Search step 1: every candidate evaluated, the chosen one (a partial offload when
+    none fits whole and the policy allows it). Returns (evaluations, chosen, met, partial)."""
     floor = policy["min_decode_tps"]
-    warnings = []
-    fa = flash_attn_supported(gpu)
-    if not fa and any(t != "f16" for t in policy["cache_types"]):
-        warnings.append("GPU %s (compute capability %s) runs without flash attention, which llama.cpp needs for a "
-                        "quantized V cache: planning f16 KV only" % (gpu.get("index"), gpu.get("compute_capability")))
-        policy = dict(policy, cache_types=["f16"])
-
     evaluations = [evaluate(m, gpu, policy, calibration=calibration) for m in models]
     chosen, met = pick(evaluations, floor)
-    partial = False
+    if chosen is not None:
+        return evaluations, chosen, met, False
+    if not policy["allow_partial_offload"] or gpu.get("split"):
+        raise PlanError(no_fit_message(gpu, evaluations, policy))
+    partial_evals = []
+    for e in evaluations:
+        ngl = max_gpu_layers(e["model"], gpu, policy)
+        if ngl > 0:
+            partial_evals.append(evaluate(e["model"], gpu, policy, ngl, calibration))
+    chosen, met = pick(partial_evals, floor)
     if chosen is None:
-        if not policy["allow_partial_offload"] or gpu.get("split"):
-            raise PlanError(no_fit_message(gpu, evaluations, policy))
-        partial_evals = []
-        for e in evaluations:
-            ngl = max_gpu_layers(e["model"], gpu, policy)
-            if ngl > 0:
-                partial_evals.append(evaluate(e["model"], gpu, policy, ngl, calibration))
-        chosen, met = pick(partial_evals, floor)
-        if chosen is None:
-            raise PlanError(no_fit_message(gpu, evaluations, policy).replace(
-                "or set policy.allow_partial_offload: true to keep layers in host memory (much slower).",
-                "(partial offload is allowed, but not even one layer fits)."))
-        partial = True
-        by_model = dict((id(e["model"]), e) for e in partial_evals)
-        evaluations = [by_model.get(id(e["model"]), e) for e in evaluations]
+        raise PlanError(no_fit_message(gpu, evaluations, policy).replace(
+            "or set policy.allow_partial_offload: true to keep layers in host memory (much slower).",
+            "(partial offload is allowed, but not even one layer fits)."))
+    by_model = dict((id(e["model"]), e) for e in partial_evals)
+    return [by_model.get(id(e["model"]), e) for e in evaluations], chosen, met, True
 
+
+def _configure(gpu, policy, chosen, partial, exponent_for):
+    """Search step 2: the chosen candidate's slots, context and KV type. A partial
+    offload keeps the minimum service; so does a full one where rounding to whole
+    cells leaves no room above the minimum."""
     model = chosen["model"]
-    verdicts = candidate_verdicts(evaluations, chosen, floor, met)
-    table = budget_table(gpu, evaluations, policy, verdicts)
-
-    ngl = chosen["n_gpu_layers"]
-    # a partial offload keeps the minimum service; so does a full one where rounding
-    # to whole cells leaves no room above the minimum
-    def exponent_for(slots):
-        return aggregate_exponent(gpu, calibration, chosen["efficiency"]["arch"], slots)
-
     if partial:
         config = None
     elif policy["objective"] == "throughput":
@@ -382,22 +368,26 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         min_seq, _ = slot_limits(model, policy)
         config = {"parallel": policy["min_parallel"], "cache_type": chosen["cache_type"], "ctx_per_slot": min_seq,
                   "ctx_size": min_seq * policy["min_parallel"], "cap": min_seq, "options": []}
-    memory = budget(model, gpu, policy, config["ctx_size"], config["parallel"], config["cache_type"], ngl)
-    ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
-    efficiency = chosen["efficiency"]
-    expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
-    exponent = exponent_for(config["parallel"])
-    aggregate = expected_aggregate(expected, config["parallel"], exponent)
+    return config
 
-    threads = policy["threads"]
+
+def _threads(gpu, policy, sharing, warnings):
+    """The CPU threads of the instance: policy.threads, else the physical cores of the
+    GPU's CPUs shared among the instances on them."""
+    if policy["threads"] is not None:
+        return policy["threads"]
     cores = physical_cores(gpu.get("thread_cpus", gpu.get("cpu_affinity")))
-    if threads is None:
-        if cores:
-            threads = max(1, cores // max(1, sharing))
-        else:
-            threads = 4
-            warnings.append("GPU %s reports no CPU affinity: planned 4 threads (set policy.threads)" % gpu.get("index"))
+    if cores:
+        return max(1, cores // max(1, sharing))
+    warnings.append("GPU %s reports no CPU affinity: planned 4 threads (set policy.threads)" % gpu.get("index"))
+    return 4
 
+
+def _plan_warnings(gpu, policy, model, chosen, met, partial, config, memory, ceiling, expected):
+    """What the plan's reader should know: a floor not met, a partial offload, memory
+    planned around or in use, a model trained on a short context."""
+    floor = policy["min_decode_tps"]
+    warnings = []
     if not met:
         warnings.append("GPU %s: no candidate that fits is expected to reach %.0f tok/s; planned the fastest, "
                         "%s at %.1f tok/s expected (ceiling %.1f)" % (gpu.get("index"), floor, model["quant"],
@@ -405,7 +395,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     if partial:
         warnings.append("GPU %s: no candidate fits fully; %s runs with %d of %d layers on the GPU and the rest in "
                         "host memory (ceiling %.1f tok/s assuming %.0f GB/s host bandwidth)"
-                        % (gpu.get("index"), model["quant"], ngl, model["n_layer"], ceiling,
+                        % (gpu.get("index"), model["quant"], chosen["n_gpu_layers"], model["n_layer"], ceiling,
                            policy["host_memory_bandwidth_bytes_per_s"] / 1e9))
     elif expected < floor <= chosen["expected"]:
         warnings.append("GPU %s: with slots %d%% full of the planned %d tokens each, the expected decode drops to "
@@ -424,7 +414,54 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
                         "%d tokens; lower policy.min_ctx or choose a model with a longer context"
                         % (gpu.get("index"), model["quant"], model["n_ctx_train"], policy["min_ctx"],
                            config["ctx_per_slot"]))
-    warnings.extend(model["notes"])
+    return warnings + list(model["notes"])
+
+
+def _plan_line(plan, expected, ceiling, aggregate, efficiency):
+    """The budget table's last line: the plan's memory and speed in one line."""
+    m = plan["memory"]
+    return ("  plan: %s -c %d -np %d (%d tokens/slot) %s KV, -ngl %s: weights %.2f + kv %.2f + compute %.2f + "
+            "overhead %.2f + headroom %.2f = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
+            "efficiency, %s), %.1f tok/s over %d slot(s)"
+            % (plan["quant"], plan["ctx_size"], plan["parallel"], plan["ctx_per_slot"], plan["cache_type_k"],
+               plan["n_gpu_layers"], m["weights_bytes"] / GIB, m["kv_bytes"] / GIB, m["compute_bytes"] / GIB,
+               m["overhead_bytes"] / GIB, m["headroom_bytes"] / GIB, m["total_bytes"] / GIB,
+               m["gpu_total_bytes"] / GIB, expected, ceiling, efficiency["value"], efficiency["source"], aggregate,
+               plan["parallel"]))
+
+
+def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
+    """One GPU's plan (dict) and its budget table (list of str); raises PlanError.
+    The steps: the candidates and the choice (_choose), the slots and context
+    (_configure), memory and speed, the threads, the warnings, the record."""
+    for key in ("memory_total_bytes", "memory_bandwidth_bytes_per_s"):
+        if not gpu.get(key):
+            raise PlanError("GPU %s has no %s: pass the entries nvidia_gpu_facts returns" % (gpu.get("index"), key))
+    fa = flash_attn_supported(gpu)
+    early_warnings = []
+    if not fa and any(t != "f16" for t in policy["cache_types"]):
+        early_warnings.append("GPU %s (compute capability %s) runs without flash attention, which llama.cpp needs for "
+                              "a quantized V cache: planning f16 KV only" % (gpu.get("index"),
+                                                                             gpu.get("compute_capability")))
+        policy = dict(policy, cache_types=["f16"])
+
+    evaluations, chosen, met, partial = _choose(gpu, models, policy, calibration)
+    model, efficiency, ngl = chosen["model"], chosen["efficiency"], chosen["n_gpu_layers"]
+    verdicts = candidate_verdicts(evaluations, chosen, policy["min_decode_tps"], met)
+    table = budget_table(gpu, evaluations, policy, verdicts)
+
+    def exponent_for(slots):
+        return aggregate_exponent(gpu, calibration, efficiency["arch"], slots)
+
+    config = _configure(gpu, policy, chosen, partial, exponent_for)
+    memory = budget(model, gpu, policy, config["ctx_size"], config["parallel"], config["cache_type"], ngl)
+    ceiling = ceiling_for(model, gpu, policy, config["ctx_per_slot"], config["cache_type"], ngl)
+    expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
+    exponent = exponent_for(config["parallel"])
+    aggregate = expected_aggregate(expected, config["parallel"], exponent)
+    threads = _threads(gpu, policy, sharing, early_warnings)
+    warnings = early_warnings + _plan_warnings(gpu, policy, model, chosen, met, partial, config, memory, ceiling,
+                                               expected)
 
     split = gpu.get("split")
     plan = {
@@ -468,15 +505,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "expected_decode_tps": round(e["expected"], 1), "decode_efficiency": e["efficiency"]["value"],
         "verdict": verdicts.get(id(e), ""),
     } for e in evaluations]
-    m = memory
-    table.append("  plan: %s -c %d -np %d (%d tokens/slot) %s KV, -ngl %s: weights %.2f + kv %.2f + compute %.2f + "
-                 "overhead %.2f + headroom %.2f = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
-                 "efficiency, %s), %.1f tok/s over %d slot(s)"
-                 % (model["quant"], plan["ctx_size"], plan["parallel"], plan["ctx_per_slot"], config["cache_type"],
-                    plan["n_gpu_layers"], m["weights_bytes"] / GIB, m["kv_bytes"] / GIB, m["compute_bytes"] / GIB,
-                    m["overhead_bytes"] / GIB, m["headroom_bytes"] / GIB, m["total_bytes"] / GIB,
-                    m["gpu_total_bytes"] / GIB, expected, ceiling, efficiency["value"], efficiency["source"], aggregate,
-                    plan["parallel"]))
+    table.append(_plan_line(plan, expected, ceiling, aggregate, efficiency))
     return plan, table
 
 
