@@ -107,9 +107,9 @@ def test_v100_32gb_lands_on_q4_k_m(gpus, dense_meta):
     # expected = ceiling x Volta's Q4_K efficiency (the table: public V100 figures)
     eff = p["decode_efficiency"]
     assert (eff["gpu_family"], eff["quant_family"], eff["arch"], eff["from"]) == ("volta", "Q4_K", "dense", "table")
-    assert p["expected_decode_tps"] == pytest.approx(p["decode_ceiling_tps"] * 0.64, abs=0.1)
+    assert p["expected_decode_tps"] == pytest.approx(p["decode_ceiling_tps"] * 0.60, abs=0.1)
     assert p["expected_aggregate_tps"] == pytest.approx(p["expected_decode_tps"] * 2.30, abs=0.2)  # the curve at 4
-    assert "expected %.1f tok/s single-stream (efficiency 0.64 for volta Q4_K dense" % p["expected_decode_tps"] \
+    assert "expected %.1f tok/s single-stream (efficiency 0.60 for volta Q4_K dense" % p["expected_decode_tps"] \
         in p["reason"]
     assert any("plan: Q4_K_M -c 32768 -np 4" in line for line in result["table"])
 
@@ -305,7 +305,7 @@ def test_floor_nobody_meets_picks_the_fastest_expected(gpus, dense_meta):
     result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_decode_tps": 500})
     p, = result["plans"]
     # Q3_K_S has the highest ceiling (fewest bytes), but Volta decodes Q3_K at 0.40 of
-    # its ceiling and Q4_K at 0.64: Q4_K_M is the fastest expected
+    # its ceiling and Q4_K at 0.60: Q4_K_M is the fastest expected
     by_quant = dict((c["quant"], c) for c in p["candidates"])
     assert by_quant["Q3_K_S"]["decode_ceiling_tps"] > by_quant["Q4_K_M"]["decode_ceiling_tps"]
     assert by_quant["Q3_K_S"]["expected_decode_tps"] < by_quant["Q4_K_M"]["expected_decode_tps"]

@@ -49,8 +49,14 @@ def test_arch_kind():
 def test_table_default_and_their_sources():
     e = ps.efficiency_for(H200, {"quant": "Q3_K_M", "layers": DENSE["layers"]})
     assert e["from"] == "table" and e["value"] == 0.197 and "quant sweep" in e["source"]
-    # a weight type the table lacks on this family: the stated default
-    e = ps.efficiency_for(H200, {"quant": "IQ2_XS", "layers": DENSE["layers"]})
+    # a weight type the table lacks on a family it has: that family's Q4_K figure, said to be assumed
+    e = ps.efficiency_for(V100, {"quant": "IQ4_XS", "layers": DENSE["layers"]})
+    assert e["from"] == "table" and e["value"] == ps.EFFICIENCY_TABLE[("volta", "Q4_K", "*")][0]
+    assert e["source"].startswith("assumed: the volta Q4_K figure (no measurement of IQ4_XS on volta cards")
+    e = ps.efficiency_for(H200, {"quant": "IQ2_XS", "layers": HYBRID["layers"]})
+    assert e["value"] == ps.EFFICIENCY_TABLE[("hopper", "Q4_K", "hybrid")][0]
+    # a family the table lacks: the stated default
+    e = ps.efficiency_for({"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, DENSE)
     assert e["from"] == "default" and e["value"] == ps.DEFAULT_EFFICIENCY[0] and e["source"].startswith("assumed")
     # every table entry names where it comes from
     assert all(source for _, source in ps.EFFICIENCY_TABLE.values())

@@ -176,7 +176,7 @@ def test_check_mode_reports_what_it_would_fetch_and_changes_nothing(tmp_path):
     before = host.file(PLAN).content_string
     gets = mirror_gets()
     # The fleet's own calibration (what verify measured on its 32 GB V100s: Q5_K
-    # decoding at 0.70 of the ceiling, above the built-in 0.64) lets the 32 GB card
+    # decoding at 0.70 of the ceiling, above the built-in 0.60) lets the 32 GB card
     # take Q5_K_M: its expected speed now meets the floor.
     calibration = tmp_path / "decode-calibration.json"
     calibration.write_text(json.dumps({"version": 1, "records": [{
