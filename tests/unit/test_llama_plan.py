@@ -301,6 +301,18 @@ def test_targets_and_cache_preference(gpus, dense_meta):
     assert "trained context" in p["reason"]
 
 
+def test_types_volta_has_no_figure_for_plan_at_its_own_q4_k_figure(gpus, dense_meta):
+    # Q4_0, IQ4_XS and IQ3_M files of a 32B model on a 32 GB V100: IQ types take Volta's
+    # Q4_K figure (assumed, and said so), Q4_0 its own; the best quality that meets the
+    # floor is served, not IQ3_M (which the H200's figure for every unknown type chose)
+    candidates = [{"quant": q, "size_bytes": int(dense_meta["parameter_count"] * plan_model.quant_bpw(q) / 8),
+                   "metadata": dense_meta} for q in ("Q4_0", "IQ4_XS", "IQ3_M")]
+    p, = plan(gpus("v100-sxm2-32gb"), candidates)["plans"]
+    efficiency = dict((c["quant"], c["decode_efficiency"]) for c in p["candidates"])
+    assert efficiency == {"Q4_0": 0.55, "IQ4_XS": 0.60, "IQ3_M": 0.60}
+    assert p["quant"] == "Q4_0" and p["expected_decode_tps"] >= 25
+
+
 def test_floor_nobody_meets_picks_the_fastest_expected(gpus, dense_meta):
     result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_decode_tps": 500})
     p, = result["plans"]
