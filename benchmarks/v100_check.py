@@ -12,8 +12,9 @@ and plan_gpu() do:
     expected = llama_plan.expected_for(model, gpu, ceiling, eff["value"], kv_type)
 
 The KV fill is the measured depth (policy kv_fill 1.0, tokens per slot = depth), not
-the planner's planned half-full slot: this compares like with like. The planner
-models no prefill, so measured prompt speeds are printed for reference only.
+the planner's planned half-full slot: this compares like with like. Where a row
+measured the prompt too, the planner's expected prompt speed is printed beside it
+(plan_speed.expected_prefill, from the model's parameters).
 
 Prints a table (id, model, quant, card, role, measured, expected, expected/measured)
 and, per role, the mean and largest absolute error for 27-32B models and for all rows.
@@ -118,11 +119,15 @@ def expected(entry):
     eff = plan_speed.efficiency_for(gpu, model)
     exp = llama_plan.expected_for(model, gpu, ceiling, eff["value"], cache_type)
     measured = float(entry["decode_tps"])
+    prefill = plan_speed.expected_prefill(gpu, model, int(entry.get("depth_tokens") or 0))
     return {
         "id": entry["id"], "model": entry["model"], "params_b": float(entry["params_b"]), "quant": entry["quant"],
         "card": entry["card"], "cards": int(entry.get("cards") or 1), "split": entry.get("split") or "none",
         "role": entry["role"], "depth_tokens": depth, "cache_type": cache_type, "url": entry["url"],
         "measured_tps": measured, "prompt_tps": entry.get("prompt_tps"),
+        "expected_prompt_tps": prefill["prompt_tps"],
+        "prompt_ratio": round(prefill["prompt_tps"] / float(entry["prompt_tps"]), 3)
+        if entry.get("prompt_tps") and prefill["prompt_tps"] else None,
         "ceiling_tps": round(ceiling, 2), "efficiency": eff["value"], "efficiency_from": eff["from"],
         "arch_kind": eff["arch"], "quant_family": eff["quant_family"], "expected_tps": round(exp, 2),
         "ratio": round(exp / measured, 3),
@@ -148,18 +153,20 @@ def render(rows, data_path):
     out.append("expected = ceiling (900 GB/s, weights on the GPU + KV at the measured depth) x efficiency "
                "(plan_speed table, no calibration) x KV-type factor; ratio = expected / measured")
     out.append("")
-    head = "%-48s %-30s %-7s %-28s %-5s %8s %8s %6s %7s %5s %6s %8s" % (
-        "id", "model", "quant", "card", "role", "measured", "expected", "ratio", "ceiling", "eff", "impl", "prompt")
+    head = "%-48s %-30s %-7s %-28s %-5s %8s %8s %6s %7s %5s %6s %8s %8s" % (
+        "id", "model", "quant", "card", "role", "measured", "expected", "ratio", "ceiling", "eff", "impl", "prompt",
+        "exp.pr.")
     out.append(head)
     out.append("-" * len(head))
     for r in rows:
         card = r["card"].split(" (")[0]
         if r["cards"] > 1:
             card = "%dx %s %s" % (r["cards"], card.replace("Tesla ", ""), r["split"])
-        out.append("%-48s %-30s %-7s %-28s %-5s %8.2f %8.2f %6.3f %7.1f %5.2f %6.3f %8s" % (
+        out.append("%-48s %-30s %-7s %-28s %-5s %8.2f %8.2f %6.3f %7.1f %5.2f %6.3f %8s %8s" % (
             r["id"][:48], r["model"].split(" (")[0][:30], r["quant"], card[:28], r["role"], r["measured_tps"],
             r["expected_tps"], r["ratio"], r["ceiling_tps"], r["efficiency"], r["implied_efficiency"],
-            "%.0f" % r["prompt_tps"] if r["prompt_tps"] else "-"))
+            "%.0f" % r["prompt_tps"] if r["prompt_tps"] else "-",
+            "%.0f" % r["expected_prompt_tps"] if r["prompt_tps"] and r["expected_prompt_tps"] else "-"))
     out.append("")
     out.append("eff: the planner's efficiency (from its table or its default); impl: measured / ceiling / KV factor, "
                "what the row implies for that figure")
@@ -170,6 +177,11 @@ def render(rows, data_path):
         out.append(summary([r for r in big if r["role"] == role], "27-32B, %s" % role))
     for role in ("fit", "check"):
         out.append(summary([r for r in rows if r["role"] == role], "all sizes, %s" % role))
+    for r in rows:
+        if r["prompt_ratio"] is not None:
+            out.append("  prompt, %-5s %-40s expected %.0f tok/s against %.0f measured, context depth %d (%+.1f%%)" % (
+                r["role"], r["id"][:40], r["expected_prompt_tps"], r["prompt_tps"], r["depth_tokens"],
+                100 * (r["prompt_ratio"] - 1)))
     single = [r for r in big if r["cards"] == 1 and r["quant_family"] == "Q4_K" and r["depth_tokens"] < 4096]
     if single:
         values = sorted(r["implied_efficiency"] for r in single)

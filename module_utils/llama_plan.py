@@ -19,7 +19,7 @@ from ansible.module_utils.plan_memory import (
     CTX_STEP, CUDA_OVERHEAD_BYTES, DEFAULT_BATCH, DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, GIB, HOST_MEMORY_BANDWIDTH,
     KV_FILL_FRACTION, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
 from ansible.module_utils.plan_speed import (
-    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode)
+    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill)
 from ansible.module_utils.plan_split import (
     SPLIT_MODES, budget, ceiling_for, split_group, tensor_split_supported, with_sync)
 
@@ -371,6 +371,19 @@ def _configure(gpu, policy, chosen, partial, exponent_for):
     return config
 
 
+def _first_token(gpu, model, config, policy, partial):
+    """The prompt speed and the time to the first token of a prompt that fills a slot as
+    far as the decode expectation assumes (policy.kv_fill)."""
+    tokens = int(config["ctx_per_slot"] * policy["kv_fill"])
+    if partial:
+        return {"prompt_tokens": tokens, "prompt_tps": None, "ttft_s": None,
+                "source": "not modelled for a partial offload (the layers in host memory bound the prompt)"}
+    out = expected_prefill(gpu, model, tokens)
+    if gpu.get("split") and out["prompt_tps"] is not None:
+        out["source"] = "one card's figure, unmeasured for a split: " + out["source"]
+    return out
+
+
 def _threads(gpu, policy, sharing, warnings):
     """The CPU threads of the instance: policy.threads, else the physical cores of the
     GPU's CPUs shared among the instances on them."""
@@ -459,6 +472,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
     exponent = exponent_for(config["parallel"])
     aggregate = expected_aggregate(expected, config["parallel"], exponent)
+    first_token = _first_token(gpu, model, config, policy, partial)
     threads = _threads(gpu, policy, sharing, early_warnings)
     warnings = early_warnings + _plan_warnings(gpu, policy, model, chosen, met, partial, config, memory, ceiling,
                                                expected)
@@ -494,11 +508,17 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "expected_decode_tps": round(expected, 1),
         "expected_aggregate_tps": round(aggregate, 1),
         "decode_efficiency": dict(efficiency, aggregate_exponent=exponent),
+        # the prompt's speed and the wait for the first token at the planned fill
+        "first_token": first_token,
         "memory": memory,
         "warnings": warnings,
     }
     plan["server_args"] = _server_args(plan)
     plan["reason"] = plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial)
+    if first_token["ttft_s"] is not None:
+        plan["reason"] += (" First token: a prompt of %d tokens (the planned fill) takes about %.1f s at %.0f tok/s "
+                           "of prompt (%s)." % (first_token["prompt_tokens"], first_token["ttft_s"],
+                                                first_token["prompt_tps"], first_token["source"]))
     plan["candidates"] = [{
         "quant": e["model"]["quant"], "bpw": e["model"]["bpw"], "fits": e["fits"],
         "min_total_bytes": e["memory"]["total_bytes"], "decode_ceiling_tps": round(e["ceiling"], 1),

@@ -195,6 +195,8 @@ def model_from_metadata(quant, meta, size_bytes=None, path=None, source="declare
         "q_values": int(heads) * head_k,
         "n_vocab": n_vocab,
         "n_ctx_train": int(meta.get("context_length") or 0),
+        # the parameters (the prompt's arithmetic: 2 x params per token)
+        "params": params,
         "layers": layers,
         "window": int(meta.get("sliding_window") or 0),
         "recurrent_bytes_per_layer": rec_layer,

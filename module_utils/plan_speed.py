@@ -71,6 +71,19 @@ EFFICIENCY_TABLE = {
 # through llama-bench and through llama-server.
 DEFAULT_EFFICIENCY = (0.32, "assumed: the H200's Q4_K figure (no measurement for this GPU family and weight type)")
 
+# The prompt (prefill) is bound by the card's arithmetic, not by its memory: 2 x the
+# parameters in operations per token, so prompt tokens/s x parameters stays about
+# constant on one GPU family and build. GPU family -> (prompt tokens/s x 10^9
+# parameters, source): a short prompt, flash attention, every layer on the GPU.
+# Checked against a long prompt in benchmarks/v100_check.py (attention over a deep
+# context adds work this leaves out).
+PREFILL_RATE_TABLE = {
+    "hopper": (67100, "this project: llama-bench pp256 of a 32.8B-parameter Q4_K file on an H200, 2047 tok/s, "
+                      "through the verify stage (gpu-host-2026-12-03c)"),
+    "volta": (20500, "public: llama 7B Q4_0 (6.74B parameters), llama-bench pp512 3043 tok/s on a "
+                     "V100-SXM2-32GB (llama.cpp discussion #15013)"),
+}
+
 # Aggregate decode over n busy slots = single stream x n ** exponent; the exponent
 # depends on n. llama.cpp's CUDA backend multiplies a quantized weight by up to 8
 # streams' vectors at once with its mat-vec kernel (MMVQ_MAX_BATCH_SIZE 8,
@@ -211,6 +224,21 @@ def aggregate_exponent(gpu, calibration=None, arch="dense", slots=4):
 def expected_decode(ceiling, efficiency, cache_type="f16"):
     """Expected single-stream decode, tok/s."""
     return ceiling * efficiency * KV_TYPE_SPEED.get(cache_type, 1.0)
+
+
+def expected_prefill(gpu, model, prompt_tokens):
+    """{prompt_tps, ttft_s, prompt_tokens, source}: the prompt speed the plan expects and
+    the time to the first token of a prompt of prompt_tokens; both None, and the source
+    saying why, where the family has no figure or the model has no parameter count."""
+    family, params = gpu_family(gpu), float(model.get("params") or 0)
+    out = {"prompt_tokens": int(prompt_tokens), "prompt_tps": None, "ttft_s": None}
+    if family not in PREFILL_RATE_TABLE:
+        return dict(out, source="no prompt-speed figure for %s cards" % family)
+    if params <= 0:
+        return dict(out, source="the model's parameter count is unknown")
+    rate, source = PREFILL_RATE_TABLE[family]
+    tps = rate * 1e9 / params
+    return dict(out, prompt_tps=round(tps, 1), ttft_s=round(prompt_tokens / tps, 2), source=source)
 
 
 def expected_aggregate(single, parallel, exponent=AGGREGATE_EXPONENT):

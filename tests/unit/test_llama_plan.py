@@ -14,7 +14,7 @@ import gguf_fixtures
 import ansible.module_utils
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-from ansible.module_utils import gguf_model, llama_plan as lp, plan_memory, plan_model, plan_split  # noqa: E402
+from ansible.module_utils import gguf_model, llama_plan as lp, plan_memory, plan_model, plan_speed, plan_split  # noqa: E402
 
 MIB, GIB = 1 << 20, 1 << 30
 V100_BW = 4096 // 8 * 877 * 2 * 10 ** 6          # 898.048 GB/s
@@ -640,3 +640,22 @@ def test_throughput_objective_stops_at_max_parallel_and_checks_its_keys(dense_me
         lp.plan_host([h200], models, {"objective": "fast"})
     with pytest.raises(plan_memory.PlanError, match="policy.max_parallel"):
         lp.plan_host([h200], models, {"max_parallel": 0})
+
+
+def test_plans_say_how_long_the_first_token_takes(gpus, dense_meta):
+    # a prompt that fills a slot as far as the decode expectation assumes, at the
+    # family's prompt rate over the model's parameters (docs/planning.md, "The first token")
+    p, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
+    first = p["first_token"]
+    rate, source = plan_speed.PREFILL_RATE_TABLE["volta"]
+    assert first["prompt_tokens"] == int(p["ctx_per_slot"] * lp.DEFAULT_POLICY["kv_fill"])
+    assert first["prompt_tps"] == pytest.approx(rate * 1e9 / dense_meta["parameter_count"], abs=0.1)
+    assert first["ttft_s"] == pytest.approx(first["prompt_tokens"] / first["prompt_tps"], abs=0.01)
+    assert first["source"] == source and "discussion #15013" in source
+    assert "First token: a prompt of %d tokens (the planned fill) takes about %.1f s" % (
+        first["prompt_tokens"], first["ttft_s"]) in p["reason"]
+    # a family with no prompt figure says so instead of guessing
+    t4, = plan(gpus("t4"), declared(dense_meta, ("Q3_K_S",)), {"allow_partial_offload": True})["plans"]
+    assert t4["first_token"]["prompt_tps"] is None and t4["first_token"]["ttft_s"] is None
+    assert t4["first_token"]["source"] == "not modelled for a partial offload (the layers in host memory bound the prompt)"
+    assert "First token" not in t4["reason"]

@@ -172,3 +172,15 @@ def test_calibration_filters(tmp_path):
         read("{not json", "/x/cal.json")
     with pytest.raises(AnsibleFilterError, match="not a calibration file of version 1"):
         read('{"records": {}}', "/x/cal.json")
+
+
+def test_the_prompt_speed_scales_with_the_parameters_and_is_none_where_unknown():
+    model = {"params": 32_000_000_000}
+    volta = ps.expected_prefill(V100, model, 4096)
+    assert volta["prompt_tps"] == pytest.approx(ps.PREFILL_RATE_TABLE["volta"][0] / 32, abs=0.1)
+    assert volta["ttft_s"] == pytest.approx(4096 / volta["prompt_tps"], abs=0.01)
+    half = ps.expected_prefill(V100, {"params": 16_000_000_000}, 4096)
+    assert half["prompt_tps"] == pytest.approx(2 * volta["prompt_tps"], abs=0.2)
+    ampere = ps.expected_prefill({"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, model, 4096)
+    assert ampere["prompt_tps"] is None and ampere["source"] == "no prompt-speed figure for ampere cards"
+    assert ps.expected_prefill(V100, {"params": 0}, 4096)["source"] == "the model's parameter count is unknown"
