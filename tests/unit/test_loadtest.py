@@ -172,6 +172,8 @@ def test_stream_levels():
 
 
 def test_bounds_are_enforced():
+    with pytest.raises(lt.LoadTestError, match="--first-token-tokens must be between 0"):
+        lt.run("http://127.0.0.1:9", first_token_tokens=-1)
     with pytest.raises(lt.LoadTestError, match="--n-predict"):
         lt.run("http://127.0.0.1:9", n_predict=lt.MAX_N_PREDICT + 1)
 
@@ -211,6 +213,22 @@ def test_levels_against_a_real_server(served):
     # the sum of decode rates is at least what the wall clock shows (TTFT is in the wall)
     four = lt.level(report, 4)
     assert four["aggregate_decode_tps"] >= four["aggregate_tps"] * 0.9
+
+
+def test_the_first_token_of_a_long_prompt(served):
+    # the prompt's own tokens repeated to the length asked, one token generated: the
+    # server's prompt count is what was sent, and its timings give the prompt speed
+    report = lt.run(served.url, "1", n_predict=4, warmup=False, first_token_tokens=1500)
+    first = report["first_token"]
+    assert first["error"] is None, first
+    assert first["prompt_tokens_asked"] == 1500 and first["prompt_tokens"] == 1500
+    assert first["ttft_s"] > 0 and first["prompt_tps"] > 0
+    assert report["requests"] == 2 and report["ok"]
+    # a prompt longer than a slot holds (8192 / 4 slots) is cut to fit, not refused by the server
+    capped = lt.run(served.url, "1", n_predict=4, warmup=False, first_token_tokens=5000)["first_token"]
+    assert capped["error"] is None and capped["prompt_tokens"] == 2048 - 8, capped
+    # none asked, none measured
+    assert "first_token" not in lt.run(served.url, "1", n_predict=4, warmup=False)
 
 
 def test_request_cap_skips_levels_with_the_reason(served):

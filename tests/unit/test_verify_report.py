@@ -84,6 +84,23 @@ def test_a_gpu_measurement_calibrates_the_fleet():
     assert "| 27.8 / 62.0 | 43.5 |" in md  # expected beside measured
 
 
+def test_the_first_token_is_recorded_beside_the_plan_s_figure_and_its_failure_is_not_fatal():
+    plan = dict(PLAN, first_token={"prompt_tokens": 4096, "prompt_tps": 625.8, "ttft_s": 6.55, "source": "s"})
+    measured = dict(synthetic_loadtest(single=20.0, agg4=60.0),
+                    first_token={"prompt_tokens_asked": 4096, "prompt_tokens": 4096, "ttft_s": 7.01234,
+                                 "prompt_tps": 590.04, "error": None})
+    rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [GPU], [{"rc": 0, "stdout": json.dumps(measured)}],
+                                [None], CUDA_BUILD, 0.25, "2026-11-30T12:00:00Z")
+    first = rec["instances"][0]["first_token"]
+    assert first == {"prompt_tokens": 4096, "ttft_s": 7.012, "prompt_tps": 590.0, "expected_ttft_s": 6.55,
+                     "expected_prompt_tps": 625.8, "error": None}
+    failed = dict(measured, first_token=dict(measured["first_token"], error="HTTP 400: too long", ttft_s=None))
+    rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [GPU], [{"rc": 0, "stdout": json.dumps(failed)}],
+                                [None], CUDA_BUILD, 0.25, "2026-11-30T12:00:00Z")
+    inst = rec["instances"][0]
+    assert "first token: HTTP 400: too long" in inst["problems"] and inst["ok"] and inst["errors"] == []
+
+
 def test_a_split_instance_is_measured_card_by_card_and_not_calibrated():
     uuid1 = UUID[:-1] + "5"
     instance = dict(INSTANCE, gpu_indices=[0, 1], gpu_uuids=[UUID, uuid1], split_mode="tensor")

@@ -12,6 +12,9 @@ exactly --n-predict tokens, and prints one JSON document:
     per level:   aggregate tok/s (all tokens / wall time of the level, first
                  request sent to last stream done) and the sum of the streams'
                  decode rates, mean/min per-stream rate, mean/max TTFT, errors
+    first token: with --first-token-tokens N, one request whose prompt is N tokens
+                 (the fixed prompt's tokens repeated): the time to its first token
+                 and the server's prompt tok/s
 
 Bounded on purpose: only 127.0.0.1/localhost/::1, at most --max-streams
 concurrent streams, --max-requests requests in all, --n-predict capped, a
@@ -42,6 +45,8 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_STREAMS = 64
 MAX_N_PREDICT = 4096
 MAX_REQUESTS = 256
+# The longest prompt the first-token measurement sends (llama.cpp's largest trained contexts).
+MAX_FIRST_TOKEN_TOKENS = 262144
 # A fixed prompt (the same text on every host and every run): about 110 words
 # of plain English, so the prompt's token count is similar for every tokenizer.
 DEFAULT_PROMPT = (
@@ -127,6 +132,21 @@ class Client(object):
         conn = self.connect(timeout)
         try:
             conn.request("GET", path, headers=self._headers())
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(body.decode("utf-8"))
+        except ValueError:
+            return resp.status, None
+
+    def post_json(self, path, payload, timeout=30.0):
+        """(status, parsed body or None) of a POST of a JSON body."""
+        conn = self.connect(timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(payload).encode("utf-8"),
+                         headers=self._headers({"Content-Type": "application/json"}))
             resp = conn.getresponse()
             body = resp.read()
         finally:
@@ -325,12 +345,45 @@ def build_payload(prompt, n_predict, seed=42):
     }
 
 
+def first_token(client, prompt, tokens, n_ctx):
+    """One request whose prompt is `tokens` tokens long (the prompt's own tokens, from the
+    server's /tokenize, repeated), one token generated: the wait for it, and the server's
+    own prompt speed. Capped below the slot's context, which the prompt must fit in."""
+    out = {"prompt_tokens_asked": int(tokens), "prompt_tokens": None, "ttft_s": None, "prompt_tps": None,
+           "error": None}
+    if n_ctx:
+        tokens = min(int(tokens), int(n_ctx) - 8)
+    if tokens < 1:
+        out["error"] = "the slot's context (%s tokens) holds no prompt" % n_ctx
+        return out
+    try:
+        status, body = client.post_json("/tokenize", {"content": prompt})
+    except (socket.error, httplib.HTTPException) as err:
+        status, body = None, "%s: %s" % (err.__class__.__name__, err)
+    ids = (body or {}).get("tokens") if isinstance(body, dict) else None
+    if status != 200 or not ids:
+        out["error"] = "/tokenize answered %s %s" % (status, str(body)[:200])
+        return out
+    ids = [t if isinstance(t, int) else t.get("id") for t in ids]
+    payload = build_payload((ids * (tokens // len(ids) + 1))[:tokens], 1)
+    result = client.stream_completion(payload)
+    timings = result.get("timings") or {}
+    out.update(prompt_tokens=result.get("prompt_tokens"), ttft_s=result.get("ttft_s"),
+               prompt_tps=round(timings["prompt_per_second"], 1) if timings.get("prompt_per_second") else None,
+               error=result.get("error"))
+    return out
+
+
 def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=None, timeout=120.0,
-        budget_s=600.0, max_streams=MAX_STREAMS, max_requests=MAX_REQUESTS, health_timeout=60.0, warmup=True):
+        budget_s=600.0, max_streams=MAX_STREAMS, max_requests=MAX_REQUESTS, health_timeout=60.0, warmup=True,
+        first_token_tokens=0):
     """The whole load test as a dict (what the command line prints)."""
     n_predict = int(n_predict)
     if not 1 <= n_predict <= MAX_N_PREDICT:
         raise LoadTestError("--n-predict must be between 1 and %d, got %d" % (MAX_N_PREDICT, n_predict))
+    if not 0 <= int(first_token_tokens) <= MAX_FIRST_TOKEN_TOKENS:
+        raise LoadTestError("--first-token-tokens must be between 0 (none) and %d, got %d"
+                            % (MAX_FIRST_TOKEN_TOKENS, int(first_token_tokens)))
     max_streams = min(int(max_streams), MAX_STREAMS)
     max_requests = min(int(max_requests), MAX_REQUESTS)
     client = Client(url, api_key=api_key, timeout=timeout)
@@ -375,6 +428,9 @@ def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=
             continue
         requests += level
         report["levels"].append(run_level(client, level, payload, deadline))
+    if first_token_tokens and requests < max_requests and time.time() < deadline:
+        requests += 1
+        report["first_token"] = first_token(client, prompt, first_token_tokens, n_ctx)
     report["requests"] = requests
     report["duration_s"] = round(time.time() - started, 3)
     report["ok"] = bool(report["levels"]) and all(not l["errors"] for l in report["levels"]) and not skipped
@@ -403,11 +459,13 @@ def main(argv=None):
     parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS)
     parser.add_argument("--no-warmup", action="store_true", help="skip the short warm-up request")
     parser.add_argument("--strip-streams", action="store_true", help="leave the per-stream details out")
+    parser.add_argument("--first-token-tokens", type=int, default=0,
+                        help="also time the first token of one prompt this many tokens long (0: no)")
     args = parser.parse_args(argv)
     try:
         report = run(args.url, args.streams, args.n_predict, args.prompt, read_api_key(args.api_key_file),
                      args.timeout, args.budget_s, args.max_streams, args.max_requests, args.health_timeout,
-                     not args.no_warmup)
+                     not args.no_warmup, args.first_token_tokens)
     except LoadTestError as err:
         print(json.dumps({"version": VERSION, "ok": False, "error": str(err)}))
         return 2

@@ -166,6 +166,20 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
     if bench_figures and bench_figures["status"] == "error":
         # reported, not fatal: the served speed above is what the stage verifies
         problems.append("llama-bench: %s" % bench_figures["reason"])
+    # the first token of a prompt as long as the plan assumes, beside the plan's figure
+    measured_first, planned_first = lt.get("first_token") or {}, plan.get("first_token") or {}
+    first_token = None
+    if measured_first or planned_first:
+        first_token = {
+            "prompt_tokens": measured_first.get("prompt_tokens"),
+            "ttft_s": _num(measured_first.get("ttft_s"), 3),
+            "prompt_tps": _num(measured_first.get("prompt_tps"), 1),
+            "expected_ttft_s": planned_first.get("ttft_s") if gpu_backend else None,
+            "expected_prompt_tps": planned_first.get("prompt_tps") if gpu_backend else None,
+            "error": measured_first.get("error"),
+        }
+        if measured_first.get("error"):
+            problems.append("first token: %s" % str(measured_first["error"])[:300])  # reported, not fatal
     flagged = ratio is not None and min_fraction is not None and ratio < float(min_fraction)
     if flagged:
         problems.append("below %.0f%% of the decode ceiling: %.1f of %.1f tok/s (%.0f%%)"
@@ -208,6 +222,7 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "aggregate_slots_tps": _num(full.get("aggregate_tps"), 2),
         "per_stream_at_slots_tps": _num(full.get("per_stream_tps_mean"), 2),
         "ttft_at_slots_s": _num(full.get("ttft_s_mean"), 3),
+        "first_token": first_token,
         "levels": [dict((k, e.get(k)) for k in _LEVEL_KEYS) for e in lt.get("levels", [])],
         "decode_ceiling_tps": ceiling,
         # the plan's expectation, beside what was measured (None on a CPU build)
