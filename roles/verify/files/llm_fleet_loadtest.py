@@ -127,11 +127,15 @@ class Client(object):
     def connect(self, timeout=None):
         return httplib.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
 
-    def get_json(self, path, timeout=10.0):
-        """(status, parsed body or None) of a GET."""
+    def _json(self, method, path, payload=None, timeout=10.0):
+        """(status, parsed body or None) of a request with an optional JSON body."""
         conn = self.connect(timeout)
         try:
-            conn.request("GET", path, headers=self._headers())
+            if payload is None:
+                conn.request(method, path, headers=self._headers())
+            else:
+                conn.request(method, path, body=json.dumps(payload).encode("utf-8"),
+                             headers=self._headers({"Content-Type": "application/json"}))
             resp = conn.getresponse()
             body = resp.read()
         finally:
@@ -141,20 +145,11 @@ class Client(object):
         except ValueError:
             return resp.status, None
 
+    def get_json(self, path, timeout=10.0):
+        return self._json("GET", path, timeout=timeout)
+
     def post_json(self, path, payload, timeout=30.0):
-        """(status, parsed body or None) of a POST of a JSON body."""
-        conn = self.connect(timeout)
-        try:
-            conn.request("POST", path, body=json.dumps(payload).encode("utf-8"),
-                         headers=self._headers({"Content-Type": "application/json"}))
-            resp = conn.getresponse()
-            body = resp.read()
-        finally:
-            conn.close()
-        try:
-            return resp.status, json.loads(body.decode("utf-8"))
-        except ValueError:
-            return resp.status, None
+        return self._json("POST", path, payload, timeout)
 
     def wait_healthy(self, timeout=60.0):
         """Polls /health until 200; raises LoadTestError with the last answer."""
