@@ -80,8 +80,11 @@ options:
         (the ceiling times the decode efficiency of the GPU family and weight type).
       - C(allow_partial_offload) (bool, default false).
       - C(allow_split) (bool, default true) one instance over all the host's GPUs may be
-        planned (see above); C(split_modes) (list, default C([tensor, layer])) the modes to
-        consider; C(tensor) is experimental at the pinned llama.cpp, C(row) does not load on CUDA.
+        planned (see above); C(split_modes) (list, default C([layer])) the modes to
+        consider; C(tensor) is experimental at the pinned llama.cpp, so it is planned only where
+        listed here (C([tensor, layer])); C(row) does not load on CUDA. Each card of a split keeps
+        640 MiB more headroom than one card alone, and a split on a GPU family where none was
+        measured (all but Hopper) says so in its warnings.
       - C(prefer_split) (bool, default false) one instance over all the GPUs whenever a split
         fits, even when each card alone serves the same quantization (one endpoint, the
         cards' KV together, a faster stream with C(tensor)).

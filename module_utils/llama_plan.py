@@ -19,9 +19,12 @@ from ansible.module_utils.plan_memory import (
     CTX_STEP, CUDA_OVERHEAD_BYTES, DEFAULT_BATCH, DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, GIB, HOST_MEMORY_BANDWIDTH,
     KV_FILL_FRACTION, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
 from ansible.module_utils.plan_speed import (
-    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill)
+    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill, gpu_family)
 from ansible.module_utils.plan_split import (
-    SPLIT_MODES, budget, ceiling_for, split_group, tensor_split_supported, with_sync)
+    SPLIT_CARD_MARGIN_BYTES, SPLIT_MODES, budget, ceiling_for, split_group, tensor_split_supported, with_sync)
+
+# GPU families a split plan was measured on (two H200s, issue 18); elsewhere it says so.
+SPLIT_MEASURED_FAMILIES = ("hopper",)
 
 DEFAULT_POLICY = {
     "min_ctx": 4096,               # tokens per slot, at least
@@ -48,7 +51,8 @@ DEFAULT_POLICY = {
     # a host with two or more GPUs may run one instance over all of them when that
     # serves a better quant or meets the floor one card misses (docs/planning.md)
     "allow_split": True,
-    "split_modes": ["tensor", "layer"],
+    # a tensor split is EXPERIMENTAL at the pinned llama.cpp: only where the policy lists it
+    "split_modes": ["layer"],
     # one instance over all the GPUs whenever a split fits, even when each card alone
     # serves the same quant: one endpoint, the cards' KV together (a longer context),
     # a faster stream with tensor split; at about half the aggregate of two instances
@@ -555,6 +559,11 @@ def plan_split(gpus, models, policy, calibration=None):
         if plan["split_mode"] == "tensor":
             plan["warnings"].append("GPUs %s: tensor split is EXPERIMENTAL at the pinned llama.cpp"
                                     % ",".join(str(i) for i in plan["gpu_indices"]))
+        if gpu_family(group) not in SPLIT_MEASURED_FAMILIES:
+            plan["warnings"].append("GPUs %s: a %s split is unmeasured on %s cards: its expected speed and each card's "
+                                    "memory are the model's (each card keeps %s more headroom)"
+                                    % (",".join(str(i) for i in plan["gpu_indices"]), plan["split_mode"],
+                                       gpu_family(group), gib(SPLIT_CARD_MARGIN_BYTES)))
         plan["cpu_affinity"] = group["cpu_affinity"]
         floor = policy["min_decode_tps"]
         if best is None or _rank(plan, floor) > _rank(best[0], floor):

@@ -523,7 +523,7 @@ def test_gpus_sharing_cpus_split_the_threads(dense_meta):
     assert [p["threads"] for p in result["plans"]] == [8, 8]
     assert lp.plan_host(gpus, models, {"threads": 6, "allow_split": False})["plans"][0]["threads"] == 6
     # one instance over both: the cards' cores, not shared
-    (split,) = lp.plan_host(gpus, models, {})["plans"]
+    (split,) = lp.plan_host(gpus, models, {"split_modes": ["tensor", "layer"]})["plans"]
     assert split["split_mode"] == "tensor" and split["threads"] == 16
 
 

@@ -13,10 +13,11 @@ def test_host_is_up_with_no_failed_units(host):
 
 # The plan each card gets for a real 32B model (llm_model_previews in the harness
 # inventory: declared figures only), beside the tiny model the CPU serves.
-# The two-card host gets one instance over both cards for it: Q6_K split by tensor,
-# where each card alone holds only Q3_K_S (issue 18).
+# The two-card host gets one instance over both cards for it: Q4_K_M split by layer
+# (a tensor split is experimental: planned only where the policy lists it), where each
+# card alone holds only Q3_K_S (issues 18, 33).
 PREVIEW = {"fleet-sxm2-32gb": [("Q4_K_M", "none")], "fleet-sxm2-16gb": [("Q3_K_S", "none")],
-           "fleet-2x-sxm2-16gb": [("Q6_K", "tensor")]}
+           "fleet-2x-sxm2-16gb": [("Q4_K_M", "layer")]}
 
 
 def test_the_32b_preview_is_planned_per_card_and_not_served(host):
@@ -29,8 +30,9 @@ def test_the_32b_preview_is_planned_per_card_and_not_served(host):
     assert [(p["quant"], p["split_mode"]) for p in preview["plans"]] == PREVIEW[name]
     if name == "fleet-2x-sxm2-16gb":
         split, = preview["plans"]
-        assert split["gpu_indices"] == [0, 1] and "GPUs 0+1 (tensor split)" in split["summary"]
-        assert "better quant (Q6_K over Q3_K_S)" in split["reason"]
+        assert split["gpu_indices"] == [0, 1] and "GPUs 0+1 (layer split)" in split["summary"]
+        assert "better quant (Q4_K_M over Q3_K_S)" in split["reason"]
+        assert any("a layer split is unmeasured on volta cards" in w for w in split["warnings"])
     for plan in preview["plans"]:
         assert plan["expected_decode_tps"] < plan["decode_ceiling_tps"]
         assert plan["summary"] in fact["summary"] and "preview, not served" in fact["summary"]

@@ -363,7 +363,7 @@ def llm_model_progress_line(text):
 def llm_model_preview_records(results):
     """The preview models' plans (llama_plan results of a loop over
     llm_model_previews), one entry per model: its name and, per GPU, the plan's
-    one-line summary and why."""
+    one-line summary, why, and its warnings."""
     out = []
     for result in results or []:
         name = (result.get("item") or {}).get("key")
@@ -374,7 +374,7 @@ def llm_model_preview_records(results):
                                "parallel": p.get("parallel"), "cache_type_k": p.get("cache_type_k"),
                                "expected_decode_tps": p.get("expected_decode_tps"),
                                "decode_ceiling_tps": p.get("decode_ceiling_tps"), "summary": plan_summary(p),
-                               "reason": p.get("reason")} for p in plans]})
+                               "reason": p.get("reason"), "warnings": p.get("warnings") or []} for p in plans]})
     return out
 
 
