@@ -40,6 +40,13 @@ def test_fact_has_plausible_figures(name):
         assert inst["ceiling_ratio"] is not None and 0 <= inst["ceiling_ratio"] < 0.25
         assert inst["ceiling_note"].startswith("1 stream ") and " tok/s ceiling" in inst["ceiling_note"]
         assert inst["flagged"] and any(p.startswith("below 25% of the decode ceiling") for p in inst["problems"])
+        # the first token of a prompt as long as the plan assumes (the tiny model's slot, half full),
+        # measured through the served API beside the plan's expectation for the card
+        first = inst["first_token"]
+        plan = [p for p in stage_fact(host, "model")["plans"] if p["gpu_index"] == inst["gpu_index"]][0]
+        assert first["error"] is None and first["prompt_tokens"] == plan["first_token"]["prompt_tokens"] > 0, first
+        assert first["ttft_s"] > 0 and first["prompt_tps"] > 0
+        assert first["expected_ttft_s"] == plan["first_token"]["ttft_s"]
         assert inst["llama_bench"]["status"] in ("ok", "skipped")
         if inst["llama_bench"]["status"] == "ok":
             assert inst["llama_bench"]["decode_tps"] > 0 and inst["llama_bench"]["prompt_tps"] > 0
