@@ -39,8 +39,13 @@ mkdir -p "$WORK" "$OUT" "$WORK/logs"
 
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
+# EXTRA_TARGETS: more of llama.cpp's programs to build (llama-batched-bench for server_throughput.sh)
+TARGETS="llama-server llama-bench llama-fit-params ${EXTRA_TARGETS:-}"
+
 build() {
-    if [ -x "$WORK/build/bin/llama-server" ] && [ -x "$WORK/build/bin/llama-bench" ] && [ -x "$WORK/build/bin/llama-fit-params" ]; then
+    local t missing=0
+    for t in $TARGETS; do [ -x "$WORK/build/bin/$t" ] || missing=1; done
+    if [ "$missing" = 0 ]; then
         stamp "build: already there"; return 0
     fi
     local nvcc; nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -49,7 +54,8 @@ build() {
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$nvcc" \
         -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-    ninja -C "$WORK/build" -j "$JOBS" llama-server llama-bench llama-fit-params
+    # shellcheck disable=SC2086 # a list of targets
+    ninja -C "$WORK/build" -j "$JOBS" $TARGETS
     echo "{\"build_seconds\": $((SECONDS - t0)), \"arch\": \"$ARCH\", \"jobs\": $JOBS, \"nvcc\": \"$($nvcc --version | tail -2 | head -1)\"}" > "$WORK/build.json"
 }
 
