@@ -39,7 +39,7 @@ prepare() {
 
 bench() {
     stamp "server throughput"
-    PYTHONUNBUFFERED=1 python3 "$REPO/benchmarks/server_throughput.py" --bin-dir "$BIN" \
+    PYTHONPATH="$WORK/src/gguf-py" PYTHONUNBUFFERED=1 python3 "$REPO/benchmarks/server_throughput.py" --bin-dir "$BIN" \
         --timings-bin "$BIN/llama-server-timings" --model "$MODEL" --log-dir "$WORK/logs" \
         --out "$OUT/server-throughput.json" "$@"
     cp "$WORK/bandwidth.json" "$WORK/build.json" "$WORK/nvidia-smi.csv" "$OUT/" 2>/dev/null || true
