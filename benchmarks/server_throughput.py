@@ -110,11 +110,26 @@ def log_timings(path, since):
     return found or None
 
 
-def batched_bench(binary, model, cache_type, npl, n_prompt, n_gen, env):
-    ctx = max(npl) * (n_prompt + n_gen) + 256
+def with_flags(cargs, extra):
+    """cargs with extra's flags: a flag cargs already has takes extra's value, others are added."""
+    cargs, i = list(cargs), 0
+    while i < len(extra):
+        flag = extra[i]
+        value = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("-") else None
+        if value is not None and flag in cargs:
+            cargs[cargs.index(flag) + 1] = value
+        else:
+            cargs += [flag] + ([value] if value is not None else [])
+        i += 2 if value is not None else 1
+    return cargs
+
+
+def batched_bench(binary, model, cache_type, npl, n_prompt, n_gen, env, ctx=None, extra=()):
+    """ctx: the whole KV cache (default: just enough); extra: flags such as -kvu."""
+    ctx = ctx or max(npl) * (n_prompt + n_gen) + 256
     cmd = [binary, "-m", model, "-ngl", "999", "-fa", "on", "-ctk", cache_type, "-ctv", cache_type,
            "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_gen),
-           "-npl", ",".join(str(n) for n in npl), "--output-format", "jsonl"]
+           "-npl", ",".join(str(n) for n in npl), "--output-format", "jsonl"] + list(extra)
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600, env=env)
     rows = []
     for line in out.stdout.decode("utf-8", "replace").splitlines():
@@ -133,11 +148,20 @@ def main():
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--port", type=int, default=18090)
     p.add_argument("--n-predict", type=int, default=256)
+    p.add_argument("--prompt-tokens", type=int, default=494,
+                   help="the load test's prompt in the model's tokens (494: its server log's prompt eval)")
     p.add_argument("--levels", default="1,4,16")
     p.add_argument("--variants", default="all", help="comma list of variant names, or all")
     p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--engines", default="default",
+                   help="comma list: default (just enough context, 1/4/16/32 sequences), plan-ctx (the "
+                        "throughput plan's -c with its slots as sequences), plan-ctx-kvu (the same, unified KV), "
+                        "small-ctx (its slots with just enough context)")
     p.add_argument("--out", required=True)
     p.add_argument("--log-dir", default=None)
+    p.add_argument("--custom", action="append", default=[], metavar="NAME;PLAN;FLAGS[;timings]",
+                   help="one more variant: PLAN's flags with FLAGS (space-separated), greedy at --levels; "
+                        "';timings' runs the DEBUG_TIMINGS build (may repeat)")
     args = p.parse_args()
 
     import pynvml
@@ -174,9 +198,17 @@ def main():
         ("throughput profile greedy", "throughput", [], args.timings_bin, ["greedy"], [max(levels)]),
         ("latency", "latency", [], server, ["greedy", "chat"], [1, 4]),
         ("latency+bs", "latency", ["-bs"], server, ["greedy", "chat"], [1, 4]),
+        # where the decode step goes: the same plan with a small context, and with one unified KV cache
+        ("throughput+bs ctx32768", "throughput", ["-bs", "-c", "32768"], server, ["greedy"], [1, 16]),
+        ("throughput+bs kvu", "throughput", ["-bs", "-kvu"], server, ["greedy"], [1, 16]),
+        ("throughput+bs profile greedy", "throughput", ["-bs"], args.timings_bin, ["greedy"], [max(levels)]),
         ("throughput32", "throughput32", [], server, ["chat"], [1, 32]),
         ("throughput32+bs", "throughput32", ["-bs"], server, ["chat"], [1, 32]),
     ]
+    for spec in args.custom:
+        parts = spec.split(";")
+        binary = args.timings_bin if parts[3:] == ["timings"] else server
+        variants.append((parts[0], parts[1], parts[2].split(), binary, ["greedy"], levels))
     wanted = None if args.variants == "all" else set(v.strip() for v in args.variants.split(","))
     out = {"schema": "llm-fleet-server-throughput/1",
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -197,24 +229,41 @@ def main():
             json.dump(out, handle, indent=1, sort_keys=True, default=str)
         os.replace(args.out + ".part", args.out)
 
-    if not args.skip_engine:
-        bench = os.path.join(args.bin_dir, "llama-batched-bench")
-        if os.access(bench, os.X_OK):
-            print("== engine: llama-batched-bench", flush=True)
-            out["engine"] = batched_bench(bench, args.model, tp["cache_type_k"], sorted(set(levels + [32])),
-                                          128, 128, env)
-            for row in out["engine"]["rows"]:
-                print("   %2d sequences: %.1f tok/s decoding" % (row["pl"], row["speed_tg"]), flush=True)
+    bench = os.path.join(args.bin_dir, "llama-batched-bench")
+    prompt_tokens = args.prompt_tokens
+    if not args.skip_engine and os.access(bench, os.X_OK):
+        slots = [tp["parallel"]]
+        every = sorted(set(levels + [32]))
+        # name: sequences, context, flags, prompt and generated tokens per sequence
+        engines = {"default": (every, None, [], 128, 128),
+                   "plan-ctx": (slots, tp["ctx_size"], [], 128, 128),
+                   "plan-ctx-kvu": (slots, tp["ctx_size"], ["-kvu"], 128, 128),
+                   "small-ctx": (slots, None, [], 128, 128),
+                   # the load test's request: its prompt's tokens, n_predict generated, the
+                   # prompt's time counted (the server's aggregate is tokens over wall time)
+                   "load-test": (every, None, [], prompt_tokens, args.n_predict)}
+        out["engines"] = {}
+        for name in [n.strip() for n in args.engines.split(",") if n.strip()]:
+            npl, ctx, extra, npp, ntg = engines[name]
+            print("== engine %s: llama-batched-bench, %d+%d tokens" % (name, npp, ntg), flush=True)
+            result = batched_bench(bench, args.model, tp["cache_type_k"], npl, npp, ntg, env, ctx, extra)
+            out["engines"][name] = result
+            if name == "default":
+                out["engine"] = result
+            for row in result["rows"]:
+                whole = row["pl"] * row["tg"] / (row["t_pp"] + row["t_tg"])
+                print("   %2d sequences: %.1f tok/s decoding, %.1f generated a second with the prompts' time" % (
+                    row["pl"], row["speed_tg"], whole), flush=True)
             save()
 
     for name, plan_name, extra, binary, modes, lv in variants:
-        if wanted is not None and name not in wanted:
+        if wanted is not None and name not in wanted and name not in [c.split(";")[0] for c in args.custom]:
             continue
         if not binary or not os.access(binary, os.X_OK):
             print("== %s: no binary, skipped" % name, flush=True)
             continue
         plan, cargs, _summary = plans[plan_name]
-        cargs = list(cargs) + extra
+        cargs = with_flags(cargs, extra)
         log_path = os.path.join(log_dir, "server-%s.log" % name.replace(" ", "-").replace("+", "-"))
         print("== %s: %s" % (name, " ".join(cargs)), flush=True)
         proc, cmd, log = bc.start_server(binary, cargs, args.port, log_path, env)

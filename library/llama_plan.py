@@ -88,6 +88,9 @@ options:
       - C(prefer_split) (bool, default false) one instance over all the GPUs whenever a split
         fits, even when each card alone serves the same quantization (one endpoint, the
         cards' KV together, a faster stream with C(tensor)).
+      - C(backend_sampling) (str or bool, default C(auto)) sample on the GPU
+        (llama-server C(--backend-sampling), experimental at the pinned llama.cpp); C(auto) is
+        on for the C(throughput) objective only, where it was measured faster.
       - C(overhead_bytes) (int, default 603979776 = 576 MiB) CUDA context, cuBLAS workspace
         and pool of one llama-server process.
       - C(reserved_bytes) (int, default computed per card) memory the driver holds before any

@@ -33,7 +33,13 @@ PLAN_FLAGS = (
     ("ubatch_size", "--ubatch-size", "-ub", (SERVER, FIT_PARAMS)),
     ("split_mode", "--split-mode", "-sm", _ALL),
     ("tensor_split", "--tensor-split", "-ts", _ALL),
+    # a switch (no value): the sampler chain in the model's graph on the GPU
+    ("backend_sampling", "--backend-sampling", "-bs", (SERVER,)),
 )
+
+# Plan keys whose flag takes no value: present when the plan's value is true. A plan
+# recorded before the key existed runs without it.
+_SWITCH_KEYS = ("backend_sampling",)
 
 # Flags of llama-server that are no plan key, (name, long flag, short flag): the thread
 # count (decode and batch alike), and llama.cpp's own fitting, which the server runs
@@ -73,8 +79,9 @@ def flash_attn_value(value, program):
 
 
 def plan_flags(plan, program, short=False):
-    """[(flag, value)] of a plan's settings that `program` takes, in order.
-    Every key the program takes must be in the plan (KeyError names it)."""
+    """[(flag, value)] of a plan's settings that `program` takes, in order (value None:
+    a switch). Every key the program takes must be in the plan (KeyError names it),
+    but a switch, which is off when absent."""
     if program not in _ALL:
         raise ValueError("no llama.cpp flags are known for %r (known: %s)" % (program, ", ".join(_ALL)))
     pairs = []
@@ -85,6 +92,10 @@ def plan_flags(plan, program, short=False):
             value = split_value(plan, key, program)
             if value is None:
                 continue
+        elif key in _SWITCH_KEYS:
+            if plan.get(key) is not True:
+                continue
+            value = None
         elif key == "flash_attn":  # plans recorded before it was planned ran with it on
             value = flash_attn_value(plan.get(key, True), program)
         else:
@@ -97,7 +108,7 @@ def plan_argv(plan, program, short=False):
     """The flags of plan_flags as one argument list."""
     argv = []
     for flag, value in plan_flags(plan, program, short):
-        argv.extend((flag, value))
+        argv.extend((flag,) if value is None else (flag, value))
     return argv
 
 

@@ -90,3 +90,15 @@ def test_the_flags_that_are_no_plan_key_come_from_the_table_too():
     assert llama_flags.run_flag("fit", "off", short=True) == ("-fit", "off")
     with pytest.raises(ValueError, match="no llama-server flag is known for 'thread'"):
         llama_flags.run_flag("thread", 8)
+
+
+def test_backend_sampling_is_a_switch_only_the_server_takes():
+    on = dict(PLAN, backend_sampling=True)
+    assert llama_flags.plan_argv(on, "llama-server", short=True) == llama_flags.plan_argv(
+        PLAN, "llama-server", short=True) + ["-bs"]
+    assert llama_flags.plan_argv(on, "llama-server")[-1] == "--backend-sampling"
+    # off, or a plan recorded before the key existed: no flag, the command line as it was
+    assert llama_flags.plan_argv(dict(PLAN, backend_sampling=False), "llama-server") == llama_flags.plan_argv(
+        PLAN, "llama-server")
+    assert "-bs" not in llama_flags.plan_argv(on, "llama-fit-params", short=True)
+    assert "-bs" not in llama_flags.plan_argv(on, "llama-bench", short=True)

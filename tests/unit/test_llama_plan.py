@@ -642,6 +642,23 @@ def test_throughput_objective_stops_at_max_parallel_and_checks_its_keys(dense_me
         lp.plan_host([h200], models, {"max_parallel": 0})
 
 
+def test_the_throughput_objective_samples_on_the_gpu_unless_the_policy_says_otherwise(gpus, dense_meta):
+    throughput, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"objective": "throughput"})["plans"]
+    assert throughput["backend_sampling"] is True and throughput["server_args"][-5:] == [
+        "-bs", "-t", str(throughput["threads"]), "-fit", "off"]
+    assert "Sampling runs on the GPU (--backend-sampling, the throughput objective's default)" in throughput["reason"]
+    latency, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
+    assert latency["backend_sampling"] is False and "-bs" not in latency["server_args"]
+    assert "Sampling runs on the GPU" not in latency["reason"]
+    forced, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"backend_sampling": "yes"})["plans"]
+    assert forced["backend_sampling"] is True and "(--backend-sampling, policy.backend_sampling)" in forced["reason"]
+    off, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"objective": "throughput",
+                                                              "backend_sampling": False})["plans"]
+    assert off["backend_sampling"] is False and "-bs" not in off["server_args"]
+    with pytest.raises(plan_memory.PlanError, match="policy.backend_sampling must be auto, true or false, got 'gpu'"):
+        lp.normalize_policy({"backend_sampling": "gpu"})
+
+
 def test_plans_say_how_long_the_first_token_takes(gpus, dense_meta):
     # a prompt that fills a slot as far as the decode expectation assumes, at the
     # family's prompt rate over the model's parameters (docs/planning.md, "The first token")

@@ -67,3 +67,12 @@ def test_extra_args_may_not_repeat_a_flag_the_role_sets(extra):
 def test_other_extra_args_pass_through():
     args = filters.llama_server_args(PLAN, dict(OPTIONS, extra_args=["--no-webui"]), NEW_BUILD + ["--no-webui"])["args"]
     assert args[-1] == "--no-webui"
+
+
+def test_backend_sampling_renders_as_a_switch_and_an_older_build_drops_it():
+    plan = dict(PLAN, backend_sampling=True)
+    result = filters.llama_server_args(plan, OPTIONS, NEW_BUILD + ["--backend-sampling"])
+    args = result["args"]
+    assert args[args.index("--ubatch-size") + 2] == "--backend-sampling"
+    assert args[args.index("--backend-sampling") + 1] == "--threads" and result["dropped"] == []
+    assert filters.llama_server_args(plan, OPTIONS, NEW_BUILD)["dropped"] == ["--backend-sampling"]
