@@ -30,6 +30,8 @@
 #   .gpuhost/collections.tar.gz  ansible_collections/ansible/posix (ansible.cfg's callbacks)
 #   .cache/harness/llama.cpp-0c1e57098bba.tar.gz  the pinned source
 # Results in $OUT (default /root/gpu-host-out); BUNDLE=<file.tgz>: also packed into one file.
+# POLICY='{"objective": "throughput"}': the planner's policy (llm_model_policy) for the run;
+# default the role's own ({}: the latency objective).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$REPO/benchmarks/gpu-host
@@ -78,6 +80,7 @@ llama_cpp_cuda_version: "$cuda_version"
 llama_cpp_cuda_home: $cuda_home
 llama_cpp_build_tool_dirs: [$tool_dir]
 fleet_common_pip_find_links: $REPO/.gpuhost/wheelhouse
+llm_model_policy: ${POLICY:-{\}}
 YML
 cp "$WORK/host-vars.yml" "$OUT/host-vars.yml"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1

@@ -1,8 +1,10 @@
 """One model over both cards of the two-GPU host (issue 18), deployed by the model
 and llama_server stages as an operator would: the policy asks for one instance
 over the cards (prefer_split, layer split: a tensor split needs real GPUs, and the
-simulated ones compute nothing, so the CPU serves), then the default policy brings
-back one instance per GPU. What the CPU backend can show is checked: the plan, the
+simulated ones compute nothing, so the CPU serves) and samples in the model's graph
+(backend_sampling, the throughput objective's default: forced here, since a
+throughput plan would spend the simulated cards on slots the CPU then allocates), then
+the default policy brings back one instance per GPU. What the CPU backend can show is checked: the plan, the
 flags, the GPUs the unit sees and may open, the placement, and that it answers.
 First, the GPU health gate on the same host: a sick second card keeps its instance
 off and is re-admitted after a clean soak, a lost card is held, and a program's memory
@@ -24,7 +26,7 @@ pytestmark = only_in_scenario("fleet")
 
 # The harness policy (tests/harness/group_vars/all.yml) and one instance over both cards.
 SPLIT_POLICY = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "prefer_split": True,
-                "split_modes": ["layer"]}
+                "split_modes": ["layer"], "backend_sampling": True}
 STAGES = ("playbooks/model.yml", "playbooks/llama_server.yml")
 DROPIN = "/etc/systemd/system/llama-server@0.service.d/plan.conf"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -259,6 +261,7 @@ def test_it_runs_with_the_split_flags_and_sees_both_cards(host):
     plan, = stage_fact(host, "model")["plans"]
     args = cmdline(host, main_pid(host, 0))
     assert flag(args, "--split-mode") == "layer" and flag(args, "--tensor-split") == "0.5,0.5"
+    assert plan["backend_sampling"] is True and "--backend-sampling" in args
     environ = host.check_output("systemctl show -P Environment llama-server@0.service").split()
     assert "CUDA_VISIBLE_DEVICES=%s" % ",".join(plan["gpu_uuids"]) in environ
     dropin = host.file(DROPIN).content_string
@@ -303,4 +306,5 @@ def test_the_default_policy_brings_back_one_instance_per_gpu(host, tmp_path):
     for index in (0, 1):
         assert host.service("llama-server@%d.service" % index).is_running
         assert http(host, 8080 + index, "/health")[0] == 200
-        assert "--split-mode" not in cmdline(host, main_pid(host, index))
+        args = cmdline(host, main_pid(host, index))
+        assert "--split-mode" not in args and "--backend-sampling" not in args
