@@ -77,7 +77,7 @@ def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse", lost=None, previous
         verdicts = dict((uuid, assess(g.get("health"), foreign_policy, readmitted=readmitted.get(uuid)))
                         for uuid, g in by_uuid.items())
     except ValueError as err:
-        raise AnsibleFilterError("llama_server_foreign_gpu_processes: %s" % err)
+        raise AnsibleFilterError("llm_fleet_foreign_gpu_processes: %s" % err)
     serve, held, warnings, notes, kept = [], [], [], [], {}
     for plan in plans or []:
         uuids = plan.get("gpu_uuids") or [plan.get("gpu_uuid")]

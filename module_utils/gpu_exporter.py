@@ -297,7 +297,7 @@ class NvmlCollector(object):
         yield listening
         if self.expected_gpus is not None:  # said even when NVML is down: the alert compares the cards seen
             expected = GaugeMetricFamily("llm_fleet_gpu_expected_count",
-                                         "GPUs the host should show (the inventory's nvidia_stack_expected_gpu_count).",
+                                         "GPUs the host should show (the inventory's llm_fleet_expected_gpu_count).",
                                          labels=["Hostname"])
             expected.add_metric([self.hostname], self.expected_gpus)
             yield expected

@@ -27,7 +27,7 @@ STAGE_KEYS = {
     "llama_cpp": ("build_key", "commit", "backend", "cuda_version", "cuda_architectures", "targets", "install_dir",
                   "bin_dir", "server", "server_flags"),
     "model": ("plans",),
-    "llama_server": ("host", "api_key", "environment", "instances"),
+    "llama_server": ("host", "api_key", "api_key_file", "environment", "instances"),
     # the load balancer in front of the instances: where clients connect, and the runtime
     # socket and names the llama_server and nvidia_stack stages drain servers through
     "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout"),

@@ -239,6 +239,16 @@ def role_dependencies(role):
     return set(d["role"] if isinstance(d, dict) else d for d in meta.get("dependencies") or [])
 
 
+def role_dependencies_all(role):
+    """A role's dependencies and theirs (fleet_common brings fleet_defaults)."""
+    found, todo = set(), [role]
+    while todo:
+        for dep in role_dependencies(todo.pop()) - found:
+            found.add(dep)
+            todo.append(dep)
+    return found
+
+
 def cross_role_reads():
     """{(reading role, variable): [files]}: a variable of another role that is not
     one of the reader's dependencies (docs/stages.md: stages talk through facts)."""
@@ -248,7 +258,7 @@ def cross_role_reads():
             owners.setdefault(name, set()).add(role)
     found = {}
     for role in roles():
-        allowed = role_dependencies(role) | {role}
+        allowed = role_dependencies_all(role) | {role}
         for path, text in _role_files(role):
             # names, not the words of the string literals a message is made of
             code = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "''", text)
@@ -279,6 +289,12 @@ def stage_roads():
         out.append("| `%s` | %s | %s |" % (stage, ", ".join("`%s`" % p for p in sorted(writers.get(stage, ()))) or "-",
                                           read or "-"))
     reads = cross_role_reads()
+    if not reads:
+        out += ["", "No role reads a variable of another role that is not its dependency "
+                "(`tests/unit/test_stage_roads.py` fails on one): what one stage hands to the next is in "
+                "the facts above, and what several read is a fleet setting (`llm_fleet_*`, "
+                "[fleet_defaults.md](fleet_defaults.md))."]
+        return "\n".join(out) + "\n"
     out += ["", "Variables a role reads from another role that is not its dependency (%d; each one a "
             "seam to move into a fact or a fleet-wide setting, and "
             "`tests/unit/test_stage_roads.py` fails on a new one):" % len(reads), "",

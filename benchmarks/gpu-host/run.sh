@@ -79,7 +79,7 @@ llama_cpp_source_archive: $ARCHIVE
 llama_cpp_cuda_version: "$cuda_version"
 llama_cpp_cuda_home: $cuda_home
 llama_cpp_build_tool_dirs: [$tool_dir]
-fleet_common_pip_find_links: $REPO/.gpuhost/wheelhouse
+llm_fleet_pip_find_links: $REPO/.gpuhost/wheelhouse
 llm_model_policy: ${POLICY:-{\}}
 YML
 cp "$WORK/host-vars.yml" "$OUT/host-vars.yml"

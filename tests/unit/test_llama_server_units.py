@@ -75,9 +75,9 @@ def _vars(version, **over):
         "llama_server_gpu_minors": [1], "llama_server_numa_node": 1,
         "llama_server_cpu_affinity": filters.llama_server_cpu_list(AFFINITY),
         # gpu_tuning
-        "gpu_tuning_target": "llm-fleet-gpu.target", "gpu_tuning_config_path": "/etc/llm-fleet/gpu-tuning.json",
+        "llm_fleet_gpu_target": "llm-fleet-gpu.target", "gpu_tuning_config_path": "/etc/llm-fleet/gpu-tuning.json",
         "gpu_tuning_tool": "/opt/llm-fleet/bin/gpu-tuning-apply", "gpu_tuning_nvml_wait_seconds": 60,
-        "fleet_common_python": "/opt/llm-fleet/venv/bin/python",
+        "llm_fleet_python": "/opt/llm-fleet/venv/bin/python",
         # gpu_exporter
         "gpu_exporter_listen": "0.0.0.0:9400", "gpu_exporter_allow": ["10.0.0.5/32", "fd00::/64"],
         "gpu_exporter_dir": "/opt/llm-fleet/gpu-exporter", "gpu_exporter_user": "llm-gpu-exporter",

@@ -51,5 +51,5 @@ def test_check_fails_on_a_stale_table():
 def test_readme_links_every_stage_page():
     readme = (ROOT / "README.md").read_text()
     for page in ("preflight", "nvidia_stack", "gpu_tuning", "llama_cpp", "model", "llama_server", "frontend",
-                 "verify", "fleet_common", "stages", "modules"):
+                 "verify", "fleet_common", "fleet_defaults", "stages", "modules"):
         assert "docs/%s.md" % page in readme, "README.md does not link docs/%s.md" % page

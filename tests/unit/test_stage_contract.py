@@ -20,7 +20,8 @@ def test_a_written_fact_carries_the_schema_and_the_stage():
 
 def test_a_fact_without_a_promised_key_is_not_written():
     with pytest.raises(C.StageContractError, match="lacks instances"):
-        C.fact_record({"host": "127.0.0.1", "api_key": False, "environment": {}, "summary": ""}, "llama_server")
+        C.fact_record({"host": "127.0.0.1", "api_key": False, "api_key_file": "", "environment": {}, "summary": ""},
+                      "llama_server")
     with pytest.raises(C.StageContractError, match="not a stage"):
         C.fact_record({}, "vllm")
 

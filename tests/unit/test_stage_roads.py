@@ -7,23 +7,7 @@ import importlib.util
 
 from conftest import ROOT
 
-KNOWN = {
-    ("frontend", "llama_server_api_key"),
-    ("gpu_exporter", "gpu_tuning_target"),
-    ("gpu_exporter", "llama_server_foreign_gpu_processes"),
-    ("gpu_exporter", "nvidia_stack_expected_gpu_count"),
-    ("llama_cpp", "fleet_common_pip_find_links"),
-    ("llama_cpp", "fleet_common_pip_index_url"),
-    ("llama_cpp", "fleet_common_prefix"),
-    ("llama_cpp", "fleet_common_python"),
-    ("llama_server", "gpu_tuning_target"),
-    ("llm_model", "llama_server_foreign_gpu_processes"),
-    ("prometheus", "frontend_api_key"),
-    ("prometheus", "frontend_prometheus_dir"),
-    ("prometheus", "gpu_exporter_file_sd"),
-    ("prometheus", "llama_server_api_key"),
-    ("verify", "llama_server_foreign_gpu_processes"),
-}
+KNOWN = set()
 
 
 def _role_docs():

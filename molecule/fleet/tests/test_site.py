@@ -66,7 +66,7 @@ def test_the_summary_shows_the_decisions_on_one_screen(tmp_path):
 def test_a_host_short_of_a_card_stops_naming_the_cards_it_shows(tmp_path):
     # as if a card had fallen off the bus: the inventory expects one more than NVML lists
     result = run_playbook("playbooks/nvidia_stack.yml", ["fleet-2x-sxm2-16gb"], tmp_path=tmp_path,
-                          extra_vars={"nvidia_stack_expected_gpu_count": 3})
+                          extra_vars={"llm_fleet_expected_gpu_count": 3})
     assert result.returncode != 0
     out = " ".join(result.stdout.split())
     assert "shows 2 GPU(s) (00000000:18:00.0, 00000000:86:00.0); the inventory expects 3" in out, out[-3000:]

@@ -203,7 +203,7 @@ def test_a_process_of_another_program_is_planned_around_then_held_when_it_grows(
     host = node(TWO_GPUS)
     other = sorted(stage_fact(host, "model")["plans"], key=lambda p: p["gpu_index"])[1]["gpu_uuid"]
     squatter = int(host.check_output("nohup sleep 900 >/dev/null 2>&1 & echo $!"))
-    around = {"llama_server_foreign_gpu_processes": "plan_around"}
+    around = {"llm_fleet_foreign_gpu_processes": "plan_around"}
     try:
         set_gpu_state(host, ["%s.processes=%d:%d" % (other, squatter, 14 * GIB)])
         out = " ".join(deploy(tmp_path, around).stdout.split())

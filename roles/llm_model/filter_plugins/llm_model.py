@@ -268,7 +268,7 @@ def llm_model_gpus(gpus, foreign_policy="refuse"):
     With the foreign-process policy plan_around, what other processes hold on a card
     (never a llama-server's) is budgeted as taken: memory_foreign_bytes."""
     if foreign_policy not in FOREIGN_POLICIES:
-        _fail("llama_server_foreign_gpu_processes is %r; use one of %s" % (foreign_policy, ", ".join(FOREIGN_POLICIES)))
+        _fail("llm_fleet_foreign_gpu_processes is %r; use one of %s" % (foreign_policy, ", ".join(FOREIGN_POLICIES)))
     out = []
     for gpu in gpus or []:
         kept = dict((k, gpu.get(k)) for k in _GPU_KEYS if k in gpu)
