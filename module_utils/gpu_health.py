@@ -13,7 +13,7 @@ boot, a page waiting for retirement (Volta/Turing) or a row remap pending or fai
 reboot (or, for a failed remap, an RMA).
 
 Xid events: NVML reports them only to a process listening when they happen (its
-event API). The GPU exporter (module_utils/gpu_exporter.py) listens and appends each
+event API). The GPU exporter (roles/gpu_exporter/files/gpu_exporter.py) listens and appends each
 to XID_JOURNAL, under /run so that a reboot clears it, as it clears the condition;
 read_xid_journal reads it back for the gate. Without the exporter running, Xids are
 not seen here (the kernel log still has them: `journalctl -k | grep Xid`).

@@ -163,7 +163,7 @@ python3 -c 'import json,re,sys; t=open(sys.argv[1]).read(); d=json.loads(t[t.ind
 # its program as the unit runs it, scraped with llama-server on the card.
 stamp "gpu_exporter --check --diff, then the exporter itself"
 playbook playbooks/gpu_exporter.yml --check --diff > "$OUT/stage-gpu_exporter-check.log" 2>&1; echo "gpu_exporter(check) rc=$?" | tee -a "$OUT/rc.txt"
-mkdir -p "$WORK/gpu-exporter" && cp module_utils/gpu_exporter.py module_utils/gpu_health.py "$WORK/gpu-exporter/"
+mkdir -p "$WORK/gpu-exporter" && cp roles/gpu_exporter/files/gpu_exporter.py module_utils/gpu_health.py "$WORK/gpu-exporter/"
 # Its Xid listener registers for the real card's events (NVML's event API): the metric
 # llm_fleet_gpu_exporter_xid_listening says whether the driver took the registration.
 /opt/llm-fleet/venv/bin/python "$WORK/gpu-exporter/gpu_exporter.py" --listen 127.0.0.1:9400 --hostname gpu-host \

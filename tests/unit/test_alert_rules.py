@@ -16,7 +16,7 @@ import yaml
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "module_utils"))
+sys.path[:0] = [str(ROOT / "roles" / "gpu_exporter" / "files"), str(ROOT / "module_utils")]
 import gpu_exporter  # noqa: E402
 import gpu_health  # noqa: E402
 
@@ -87,7 +87,7 @@ def test_the_gpu_rules_are_the_health_gate_s():
 
 def served():
     names = set(gpu_exporter.HELP)
-    names |= set(re.findall(r'"(llm_fleet_[a-z_]+)"', (ROOT / "module_utils" / "gpu_exporter.py").read_text()))
+    names |= set(re.findall(r'"(llm_fleet_[a-z_]+)"', (ROOT / "roles" / "gpu_exporter" / "files" / "gpu_exporter.py").read_text()))
     names |= set(re.findall(r"^# TYPE (\S+) ", RECORDED.read_text(), re.M))
     return names | OTHER_METRICS
 
@@ -128,7 +128,7 @@ def _render_config(tmp_path, extra):
     config_dir.mkdir()
     for name in ("api-key", "fronts-ca.pem", "gpus.json", "llama-servers.json", "frontends.json"):
         (config_dir / name).write_text("[]\n" if name.endswith(".json") else "x\n")
-    variables = dict(extra, prometheus_config_dir=str(config_dir), prometheus_frontend_api_key="test-key",
+    variables = dict(extra, prometheus_config_dir=str(config_dir), prometheus_front_groups=[{"suffix": "", "key": "test-key"}],
                      prometheus_front_certificates=["x"], ansible_python_interpreter=sys.executable)
     playbook = tmp_path / "render.yml"
     playbook.write_text(yaml.safe_dump([{

@@ -1,4 +1,4 @@
-"""module_utils/gpu_exporter.py run as the service runs it (its own process, the real
+"""roles/gpu_exporter/files/gpu_exporter.py run as the service runs it (its own process, the real
 pynvml over the mock NVML, prometheus_client's HTTP server), scraped over HTTP and
 parsed with prometheus_client's own parser: dcgm-exporter's names and labels, values
 equal to what NVML reports, the health verdict, the allow-list."""
@@ -33,8 +33,8 @@ def exporter(gpu_host, tmp_path):
     (scrape(), env, extra) where extra() restarts it with other arguments."""
     app = tmp_path / "app"
     app.mkdir()
-    for name in ("gpu_exporter.py", "gpu_health.py"):
-        shutil.copy(ROOT / "module_utils" / name, app / name)
+    shutil.copy(ROOT / "roles" / "gpu_exporter" / "files" / "gpu_exporter.py", app)
+    shutil.copy(ROOT / "module_utils" / "gpu_health.py", app)  # the host library, on the path as the .pth puts it
     env = gpu_host(DUAL)
     procs = []
 
@@ -210,7 +210,7 @@ def test_nvml_down_is_reported_not_a_crash(exporter, tmp_path):
 
 def test_clients_outside_the_allow_list_are_refused():
     import ipaddress
-    sys.path.insert(0, str(ROOT / "module_utils"))
+    sys.path[:0] = [str(ROOT / "roles" / "gpu_exporter" / "files"), str(ROOT / "module_utils")]
     import gpu_exporter
 
     def app(environ, start_response):

@@ -447,21 +447,21 @@ def test_readmission_s_decisions_follow_the_counters_over_random_histories():
 
 
 def test_the_exporter_judges_a_re_admitted_card_against_the_counts_accepted(gpu_host, tmp_path):
-    """module_utils/gpu_exporter.py's verdict (llm_fleet_gpu_healthy) reads the llama_server
+    """The GPU exporter's verdict (llm_fleet_gpu_healthy) reads the llama_server
     fact's readmitted list (read_readmitted): the accepted count passes, one more fails."""
     env = gpu_host("v100-sxm2-32gb")
     fact = tmp_path / "llm_fleet_llama_server.fact"
     accepted = gpu_health.counters(_health(ecc=2, xids=()))
     fact.write_text(json.dumps({"readmitted": [{"gpu_uuid": V100_32_UUID, "gpu_index": 0, "accepted": accepted,
                                                 "held_since": HELD_AT, "readmitted_at": HELD_AT + SOAK}]}))
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import pynvml, gpu_exporter, gpu_health; "
+    script = ("import json, sys; sys.path[:0] = sys.argv[1].split(':'); import pynvml, gpu_exporter, gpu_health; "
               "pynvml.nvmlInit(); families = gpu_exporter.collect(pynvml, 'h', readmitted=gpu_health.read_readmitted("
               "sys.argv[2])); print(json.dumps([v for n, _, s in families if n == 'llm_fleet_gpu_healthy' "
               "for _, v in s]))")
     healthy = []
     for count in (2, 3):
         write_state(env, ["%s.ecc_uncorrected_volatile=%d" % (V100_32_UUID, count)])
-        out = subprocess.run([sys.executable, "-c", script, str(ROOT / "module_utils"), str(fact)], env=env,
+        out = subprocess.run([sys.executable, "-c", script, "%s:%s" % (ROOT / "roles" / "gpu_exporter" / "files", ROOT / "module_utils"), str(fact)], env=env,
                              capture_output=True, text=True, timeout=60, check=True).stdout
         healthy.append(json.loads(out))
     assert healthy == [[1], [0]]

@@ -162,13 +162,15 @@ def test_a_value_that_is_not_a_positive_number_is_refused_by_name(key, value):
 
 # --- The boot-time tool's config (gpu-tuning.json) ------------------------------
 
-def _boot_tool(tmp_path):
-    """The tool and its library laid out as the role installs them (bin/, lib/)."""
+def _boot_tool(tmp_path, env):
+    """The tool and the host library laid out as the roles install them (bin/, lib/),
+    lib/ on the path as fleet_common's llm-fleet.pth puts it on the venv's."""
     import shutil
     (tmp_path / "bin").mkdir()
     (tmp_path / "lib").mkdir()
     shutil.copy(ROOT / "roles/gpu_tuning/files/gpu-tuning-apply", tmp_path / "bin")
     shutil.copy(ROOT / "module_utils/gpu_tuning.py", tmp_path / "lib")
+    env["PYTHONPATH"] = str(tmp_path / "lib")
     return tmp_path / "bin" / "gpu-tuning-apply"
 
 
@@ -181,12 +183,13 @@ def test_the_boot_tool_refuses_a_missing_or_broken_config_without_a_traceback(gp
     """At boot nobody reads a traceback: the journal must say which file and what to run."""
     import json
     import subprocess
-    tool = _boot_tool(tmp_path)
+    env = gpu_host("v100-sxm2-32gb")
+    tool = _boot_tool(tmp_path, env)
     config = tmp_path / "gpu-tuning.json"
     if content is not None:
         config.write_text(content)
     proc = subprocess.run([sys.executable, str(tool), "--config", str(config)], capture_output=True, text=True,
-                          env=gpu_host("v100-sxm2-32gb"), timeout=60)
+                          env=env, timeout=60)
     assert proc.returncode == 2, proc
     assert "Traceback" not in proc.stderr
     assert said in proc.stderr and str(config) in proc.stderr and "gpu_tuning stage" in proc.stderr
@@ -201,7 +204,7 @@ def test_the_boot_tool_applies_a_good_config(gpu_host, tmp_path):
     gpu = run_module("gpu_settings", {"locked_graphics_clock_mhz": 1410}, env=env)["settings"][0]
     config = tmp_path / "gpu-tuning.json"
     config.write_text(json.dumps({"gpus": [gpu], "nvml_wait_seconds": 5}))
-    proc = subprocess.run([sys.executable, str(_boot_tool(tmp_path)), "--config", str(config)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(_boot_tool(tmp_path, env)), "--config", str(config)], capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gpus"][0]["state"]["graphics_clock_mhz"] == 1410

@@ -1,6 +1,6 @@
 """dashboards/llm-fleet.json: current with its generator, and every metric a panel
 queries is one that something of the fleet serves: the GPU exporter
-(module_utils/gpu_exporter.py) or the pinned llama-server (its /metrics, recorded
+(roles/gpu_exporter/files/gpu_exporter.py) or the pinned llama-server (its /metrics, recorded
 from the build in tests/harness/recorded/)."""
 import json
 import re
@@ -9,7 +9,7 @@ import sys
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "module_utils"))
+sys.path[:0] = [str(ROOT / "roles" / "gpu_exporter" / "files"), str(ROOT / "module_utils")]
 import gpu_exporter  # noqa: E402
 
 DASHBOARD = ROOT / "dashboards" / "llm-fleet.json"
@@ -19,7 +19,7 @@ PROMQL_WORDS = {"sum", "by", "rate", "avg", "count", "or", "vector", "min", "ins
 
 def served():
     names = set(gpu_exporter.HELP)
-    names |= set(re.findall(r'"(llm_fleet_[a-z_]+)"', (ROOT / "module_utils" / "gpu_exporter.py").read_text()))
+    names |= set(re.findall(r'"(llm_fleet_[a-z_]+)"', (ROOT / "roles" / "gpu_exporter" / "files" / "gpu_exporter.py").read_text()))
     names |= set(re.findall(r"^# TYPE (\S+) ", RECORDED.read_text(), re.M))
     return names
 

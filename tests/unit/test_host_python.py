@@ -84,8 +84,23 @@ def rel(paths):
 def test_host_file_list_covers_what_the_roles_ship():
     files = rel(host_python_files())
     for expected in ("library/gguf_info.py", "module_utils/gguf_model.py",
-                     "roles/gpu_tuning/files/gpu-tuning-apply", "roles/verify/files/llm_fleet_loadtest.py"):
+                     "roles/gpu_tuning/files/gpu-tuning-apply", "roles/verify/files/llm_fleet_loadtest.py",
+                     "roles/gpu_exporter/files/gpu_exporter.py"):
         assert expected in files, files
+
+
+def test_host_code_follows_one_convention():
+    """docs/fleet_common.md, "The host library": a program on a host lives in its role's
+    files/ and imports what it shares with the modules from the host library fleet_common
+    installs; so no program patches sys.path, and no role but fleet_common copies from
+    module_utils/."""
+    programs = [p for p in ROOT.glob("roles/*/files/**/*") if _is_python(p)]
+    assert programs
+    for program in programs:
+        assert "sys.path" not in program.read_text(), "%s patches sys.path" % program.relative_to(ROOT)
+    for tasks in ROOT.glob("roles/*/tasks/*.yml"):
+        if re.search(r"src:.*module_utils/", tasks.read_text()):
+            assert tasks.parts[-3] == "fleet_common", "%s copies from module_utils/" % tasks.relative_to(ROOT)
 
 
 def test_vermin_flags_newer_python(tmp_path):

@@ -15,11 +15,11 @@ import time
 import pytest
 
 from hostprobe import HARNESS_DIR, harness_group_vars, host_name, node, only_in_scenario, run_playbook, stage_fact
-from test_llama_server import ONE_GPU, TWO_GPUS, main_pid
+from test_llama_server import ONE_GPU, TWO_GPUS, http, main_pid
 
 pytestmark = only_in_scenario("fleet")
 
-KEY = harness_group_vars()["frontend_api_key"]
+KEY = harness_group_vars()["llm_fleet_api_key"]
 PEM = "/etc/haproxy/llm-fleet/tls.pem"
 SOCKET = "/run/haproxy/admin.sock"
 BACKEND = "llama_server"
@@ -201,6 +201,38 @@ def test_bad_settings_stop_the_stage_before_any_change(settings, message, tmp_pa
     assert result.returncode != 0 and message in " ".join(result.stdout.split()), result.stdout[-3000:]
     assert 'key" with a quote' not in result.stdout
     assert host.file("/etc/haproxy/haproxy.cfg").content_string == config
+
+
+def test_the_front_passes_on_the_key_the_instances_want_from_the_llama_server_fact(tmp_path):
+    """Instances with their own key (llama_server_api_key): the llama_server stage publishes
+    where the key file is (api_key_file, never the key), the front reads it there and puts it
+    on what it passes on; a front whose clients would not be asked for a key is refused.
+    Then back to the scenario's keyless instances."""
+    host = node(ONE_GPU)
+    secret = "instances-key-7c2d"
+    try:
+        result = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path,
+                              extra_vars={"llama_server_api_key": secret})
+        assert result.returncode == 0 and secret not in result.stdout, result.stdout[-3000:]
+        fact = stage_fact(host, "llama_server")
+        assert fact["api_key_file"] == "/etc/llm-fleet/llama-server/api-key" and secret not in json.dumps(fact)
+        assert http(host, 8080, "/v1/chat/completions", CHAT)[0] == 401
+        config = host.file("/etc/haproxy/haproxy.cfg").content_string
+        refused = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path,
+                               extra_vars={"frontend_address": "127.0.0.1", "frontend_api_key": ""})
+        assert refused.returncode != 0 and "The instances want an API key" in " ".join(refused.stdout.split())
+        assert host.file("/etc/haproxy/haproxy.cfg").content_string == config
+        result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path)
+        assert result.returncode == 0 and secret not in result.stdout, result.stdout[-3000:]
+        wait_until_up(host)
+        assert front(host, "/v1/chat/completions", CHAT)[0] == 200
+        assert front(host, "/v1/chat/completions", CHAT, key="wrong")[0] == 403
+    finally:
+        for playbook in ("playbooks/llama_server.yml", "playbooks/frontend.yml"):
+            restored = run_playbook(playbook, [ONE_GPU], tmp_path=tmp_path)
+            assert restored.returncode == 0, restored.stdout[-3000:]
+    assert stage_fact(host, "llama_server")["api_key_file"] == ""
+    assert http(host, 8080, "/v1/chat/completions", CHAT)[0] == 200
 
 
 def test_a_drained_instance_receives_nothing():

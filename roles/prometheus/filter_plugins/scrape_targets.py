@@ -1,5 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Which of the stages' Prometheus targets the monitoring host can reach."""
+"""Which of the stages' Prometheus targets the monitoring host can reach, and the
+fronts' split by the key each wants."""
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -48,11 +49,40 @@ def llm_fleet_reachable_targets(groups, monitoring_host):
     return {"targets": kept, "unreachable": unreachable}
 
 
+FRONT_JOBS = ("llm-fleet-llama-server", "llm-fleet-frontend")
+
+
+def llm_fleet_front_groups(groups, keys, fallback=""):
+    """The fronts' file_sd groups split by the key each front wants: keys is
+    {inventory host: its key}, a host not in it wants fallback. Prometheus sends one
+    bearer token per scrape configuration, so each distinct key gets its own (suffix ''
+    for the first, then -2, -3 ...), in the order of the first host that wants it; the
+    groups keep their own job label, so the series are the same whichever configuration
+    scraped them. No front at all: one configuration with the fallback key, empty."""
+    order, by_key = [], {}
+    for group in sorted(groups or [], key=lambda g: str((g.get("labels") or {}).get("host"))):
+        labels = group.get("labels") or {}
+        if labels.get("job") not in FRONT_JOBS:
+            continue
+        key = (keys or {}).get(labels.get("host"), fallback) or ""
+        if key not in by_key:
+            order.append(key)
+            by_key[key] = {job: [] for job in FRONT_JOBS}
+        by_key[key][labels["job"]].append(group)
+    if not order:
+        order, by_key = [fallback or ""], {fallback or "": {job: [] for job in FRONT_JOBS}}
+    return [{"suffix": "" if i == 0 else "-%d" % (i + 1), "key": key,
+             "llama_servers": by_key[key]["llm-fleet-llama-server"], "frontends": by_key[key]["llm-fleet-frontend"]}
+            for i, key in enumerate(order)]
+
+
 _KINDS = {
     "llm_fleet_reachable_targets": {"groups": "dicts?"},
+    "llm_fleet_front_groups": {"groups": "dicts?", "keys": "dict?", "fallback": "text?"},
 }
 
 
 class FilterModule(object):
     def filters(self):
-        return guard_filters({"llm_fleet_reachable_targets": llm_fleet_reachable_targets}, _KINDS)
+        return guard_filters({"llm_fleet_reachable_targets": llm_fleet_reachable_targets,
+                              "llm_fleet_front_groups": llm_fleet_front_groups}, _KINDS)

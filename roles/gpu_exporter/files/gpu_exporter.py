@@ -4,8 +4,10 @@ NVIDIA dcgm-exporter's names and labels (so its dashboards work unchanged), the 
 health verdict of module_utils/gpu_health.py, and what gpu_tuning asked for next to
 what the card applies. Served by prometheus_client, one NVML read per scrape.
 
-Run on a host (roles/gpu_exporter installs it next to nvidia_gpu.py and gpu_health.py):
-    python gpu_exporter.py --listen 127.0.0.1:9400 [--allow 10.0.0.0/24 ...]
+A program on the host (roles/gpu_exporter installs it), run with the project venv's
+Python, which has the host library (gpu_health, from module_utils; fleet_common installs
+it) on its path:
+    /opt/llm-fleet/venv/bin/python gpu_exporter.py --listen 127.0.0.1:9400 [--allow 10.0.0.0/24 ...]
 
 Names: dcgm-exporter's (etc/default-counters.csv), all typed gauge: prometheus_client
 would append `_total` to a counter's name, and the names must stay exactly NVIDIA's
@@ -21,12 +23,8 @@ import socket
 import sys
 import time
 
-try:  # inside an Ansible module, or the installed service next to its siblings
-    from ansible.module_utils.gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health,
-                                                 read_readmitted, read_xid_journal)
-except ImportError:
-    from gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health, read_readmitted,
-                            read_xid_journal)
+from gpu_health import (FOREIGN_POLICIES, LOST_ERRORS, XID_JOURNAL, assess, read_health, read_readmitted,
+                        read_xid_journal)
 
 MIB = 1048576
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
