@@ -47,3 +47,20 @@ def test_the_scan_sees_a_read_and_ignores_prose(tmp_path, monkeypatch):
     found = docs.cross_role_reads()
     assert set(found) == {("beta", "alpha_port"), ("gamma", "alpha_port")}
     assert found[("beta", "alpha_port")] == ["roles/beta/tasks/main.yml"]
+
+
+def test_no_role_still_defines_a_name_fleet_defaults_refuses():
+    """fleet_defaults refuses the old names wherever they appear in `vars`, and a role's
+    own defaults or vars are there too once the play loads it: a role that still defines
+    one stops every run at the first play that carries both roles (the fleet's check
+    mode found verify's verify_api_key_file this way)."""
+    import yaml
+
+    renamed = yaml.safe_load((ROOT / "roles/fleet_defaults/vars/main.yml").read_text())["fleet_defaults_renamed"]
+    defined = {}
+    for path in sorted((ROOT / "roles").glob("*/*/main.yml")):
+        if path.parent.name in ("defaults", "vars") and path.parent.parent.name != "fleet_defaults":
+            for name in yaml.safe_load(path.read_text()) or {}:
+                defined.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    clash = {name: defined[name] for name in renamed if name in defined}
+    assert not clash, "roles define names fleet_defaults refuses as moved (rename them): %s" % clash
