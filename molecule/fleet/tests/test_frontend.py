@@ -62,7 +62,7 @@ def front(host, path, body=None, key=KEY, tls=None, cafile=PEM):
         "s=c.sock\n"
         "tls={'version':s.version(),'cipher':s.cipher()[0],'sha256':hashlib.sha256(s.getpeercert(True)).hexdigest(),"
         "'names':[v for k,v in s.getpeercert()['subjectAltName']]}\n"
-        "r=c.getresponse();text=r.read().decode()\n"
+        "r=c.getresponse();text=r.read().decode();tls['hsts']=r.getheader('Strict-Transport-Security')\n"
         "try: text=json.loads(text)\n"
         "except ValueError: pass\n"
         "print(json.dumps([r.status,text,tls]))\n")
@@ -139,6 +139,20 @@ def test_clients_need_the_key_on_every_path():
     assert status == 200 and text["choices"][0]["message"]["content"], text
 
 
+def test_slots_stay_behind_the_front_and_browsers_are_told_to_keep_tls():
+    """/slots (every slot's prompt, other clients' too) answers 404 with the key and the
+    reason; the instance itself still serves it on loopback. The TLS front's answers carry
+    Strict-Transport-Security."""
+    host = node(TWO_GPUS)
+    for path in ("/slots", "/slots/0", "/slots?fail_on_no_slot=1"):
+        status, text = front(host, path)
+        assert status == 404 and "frontend_expose_slots" in text["error"]["message"], (path, text)
+    port = stage_fact(host, "llama_server")["instances"][0]["port"]
+    assert http(host, port, "/slots")[0] == 200
+    status, _, handshake = front(host, "/health", tls=True)
+    assert status == 200 and handshake["hsts"] == "max-age=31536000", handshake
+
+
 def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_nothing(tmp_path):
     """An operator's certificate (issued by their CA, chain included) replaces the
     self-signed one; a key of another certificate is refused before any change; without
@@ -193,6 +207,8 @@ def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_not
 @pytest.mark.parametrize("settings,message", [
     ({"frontend_api_key": ""}, "which other machines can reach, and no API key is set"),
     ({"frontend_api_key": 'key" with a quote'}, "has a character a bearer token cannot carry"),
+    ({"frontend_tls": False}, "every prompt would cross the network in clear text"),
+    ({"frontend_hsts_max_age_s": -1}, "frontend_hsts_max_age_s is -1"),
 ])
 def test_bad_settings_stop_the_stage_before_any_change(settings, message, tmp_path):
     host = node(ONE_GPU)
