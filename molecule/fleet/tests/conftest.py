@@ -4,3 +4,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "harness"))
 
 from hostprobe import sim_profile  # noqa: E402,F401  (pytest fixture)
+
+
+def pytest_configure(config):
+    # `make test` (CI's 90 minutes) leaves these out; `make test DAY_TWO=1` and `make molecule` run them.
+    config.addinivalue_line("markers", "day_two: slow day-two test (a whole rollout, rebuild or redeploy)")

@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from hostprobe import node, only_in_scenario, reboot, recap
 
 pytestmark = only_in_scenario("fleet")
@@ -64,6 +66,7 @@ def test_nothing_changed_every_host_is_settled_and_every_stage_skips_it():
     assert "(settled: nothing changed since the whole run of" in result.stdout
 
 
+@pytest.mark.day_two
 def test_a_changed_file_and_a_stopped_instance_send_that_host_through_every_stage():
     host = node(DRIFTED)
     # and a lost front certificate: the front makes a new one, which Prometheus must trust

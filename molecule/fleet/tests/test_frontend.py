@@ -153,6 +153,7 @@ def test_slots_stay_behind_the_front_and_browsers_are_told_to_keep_tls():
     assert status == 200 and handshake["hsts"] == "max-age=31536000", handshake
 
 
+@pytest.mark.day_two
 def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_nothing(tmp_path):
     """An operator's certificate (issued by their CA, chain included) replaces the
     self-signed one; a key of another certificate is refused before any change; without
@@ -219,6 +220,7 @@ def test_bad_settings_stop_the_stage_before_any_change(settings, message, tmp_pa
     assert host.file("/etc/haproxy/haproxy.cfg").content_string == config
 
 
+@pytest.mark.day_two
 def test_the_front_passes_on_the_key_the_instances_want_from_the_llama_server_fact(tmp_path):
     """Instances with their own key (llama_server_api_key): the llama_server stage publishes
     where the key file is (api_key_file, never the key), the front reads it there and puts it
@@ -299,6 +301,7 @@ def test_a_driver_reboot_drains_the_front_first_and_everything_comes_back(tmp_pa
     assert front(host, "/v1/chat/completions", CHAT)[0] == 200
 
 
+@pytest.mark.day_two
 def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
     """The llama_server stage restarts both instances of the two-GPU host, one after the
     other, while 4 clients stream completions through the front: every response must be

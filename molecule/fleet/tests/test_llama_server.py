@@ -109,6 +109,7 @@ def test_binding_beyond_loopback_needs_an_api_key(tmp_path):
     assert "no llama_server_api_key is set" in " ".join(result.stdout.split())
 
 
+@pytest.mark.day_two
 def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path):
     host = node(ONE_GPU)
     plans = stage_fact(host, "model")["plans"]
@@ -122,6 +123,7 @@ def test_a_bad_model_fails_the_gate_and_the_previous_plan_serves_again(tmp_path)
     assert http(host, 8080, "/health")[0] == 200
 
 
+@pytest.mark.day_two
 def test_an_api_key_and_an_interrupted_rollout_finished_by_the_next_run(tmp_path):
     """Plan A: listen on :: (every address, so the key is required) with an API key and an
     alias systemd would expand; the key is enforced and never logged. Then an interrupted

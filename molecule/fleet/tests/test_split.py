@@ -22,7 +22,7 @@ from test_prometheus import one
 from test_prometheus import wait_for as wait_for_sample
 from test_llama_server import TWO_GPUS, cmdline, flag, http, main_pid
 
-pytestmark = only_in_scenario("fleet")
+pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
 
 # The harness policy (tests/harness/group_vars/all.yml) and one instance over both cards.
 SPLIT_POLICY = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "prefer_split": True,

@@ -7,7 +7,7 @@ import pytest
 from hostprobe import node, only_in_scenario, recap, run_playbook, stage_fact
 
 HOST = "fleet-sxm2-16gb"
-pytestmark = only_in_scenario("fleet")
+pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
 
 PROJECT_PATHS = ["/opt/llm-fleet", "/etc/llm-fleet", "/var/lib/llm-fleet", "/var/cache/llm-fleet",
                  "/etc/systemd/system/llama-server@.service", "/etc/systemd/system/gpu-tuning.service",

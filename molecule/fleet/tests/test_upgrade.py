@@ -13,7 +13,7 @@ import pytest
 from hostprobe import node, only_in_scenario, run_playbook, stage_fact
 from test_llama_server import cmdline, http, main_pid
 
-pytestmark = only_in_scenario("fleet")
+pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
 
 # Inventory order: the canary is the first (llm_fleet_canary: 1, the default).
 CANARY = "fleet-sxm2-32gb"

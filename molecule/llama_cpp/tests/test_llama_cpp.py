@@ -308,6 +308,7 @@ def make_git_repository(tmp_path):
     return str(bare), commit
 
 
+@pytest.mark.day_two
 def test_a_git_source_at_a_new_commit_builds_once_and_switches(tmp_path, first_build):
     """The connected-fleet path: the build host fetches the pinned commit from a
     repository (here one the build host can reach: a copy of the tree, committed)."""
@@ -338,6 +339,7 @@ def test_builds_beyond_the_kept_count_are_pruned(tmp_path, first_build):
         assert not node(name).file("%s/previous" % PREFIX).exists
 
 
+@pytest.mark.day_two
 def test_a_build_without_the_gpus_architecture_is_refused_and_the_running_build_stays(tmp_path):
     """The negative case of the CUDA check: a build whose CMake options override
     the architectures (sm_75 for V100s that need sm_70) compiles, fails the
