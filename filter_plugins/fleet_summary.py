@@ -86,11 +86,19 @@ def _row(values):
                      for n, (v, (_, w)) in enumerate(zip(values, COLUMNS))).rstrip()
 
 
+def _cpu_served(inst, gpu_build, seen):
+    """The status word of an instance a GPU build served from the CPU (None otherwise)."""
+    if gpu_build and inst.get("served_by") == "cpu":
+        seen.append(inst)
+        return "CPU-served"
+    return None
+
+
 def llm_fleet_decisions(hosts, hostvars):
     """Lines of the decisions table for hosts (names) read from hostvars' local
     facts (ansible_facts.ansible_local.llm_fleet_*)."""
     lines = [_row([c for c, _ in COLUMNS]), _row(["-" * w for _, w in COLUMNS])]
-    previews = []
+    previews, cpu_served = [], []
     for host in hosts or []:
         local = ((hostvars[host].get("ansible_facts") or {}).get("ansible_local") or {}) if host in hostvars else {}
         model = local.get("llm_fleet_model") or {}
@@ -108,13 +116,15 @@ def llm_fleet_decisions(hosts, hostvars):
             inst = measured.get(plan.get("gpu_index")) or {}
             lines.append(_row([
                 host, _gpu_cell(plan), _tuning_cell(tuning, plan), _build_cell(llama_cpp), _serves_cell(plan),
-                # the plan's expectation is a GPU figure: nothing to expect of a CPU build
-                _num(plan.get("expected_decode_tps")) if gpu_build else "-",
+                # the plan's expectation is a GPU figure: nothing to expect of a CPU build, or of a
+                # GPU build the CPU served (its card never showed the process: verify's served_by)
+                _num(plan.get("expected_decode_tps")) if gpu_build and inst.get("served_by") != "cpu" else "-",
                 _num(inst.get("single_stream_tps")),
                 # below the planned share of the ceiling: flagged, not failed (verify's own words)
                 "HELD " + ",".join(p.get("check", "?") for p in held[plan.get("gpu_index")].get("problems") or [])
                 if plan.get("gpu_index") in held else
-                ("ERROR" if not inst.get("ok") else "FLAGGED" if inst.get("flagged") else "ok") if inst
+                ("ERROR" if not inst.get("ok") else _cpu_served(inst, gpu_build, cpu_served)
+                 or ("FLAGGED" if inst.get("flagged") else "ok")) if inst
                 else (verify.get("status") or "-")]))
         for preview in model.get("previews") or []:
             chosen = ", ".join("%s %s (%s tok/s)" % (_gpu_cell(p).split(" ")[0], p.get("quant"),
@@ -123,6 +133,11 @@ def llm_fleet_decisions(hosts, hostvars):
             previews.append("  %s: %s -> %s" % (host, preview.get("name"), chosen))
     lines.append("expect/measured: single-stream tok/s (expected only for a GPU build); serves: quant, "
                  "-c total x slots, KV type")
+    if cpu_served:
+        lines.append("CPU-served: a CUDA build whose card showed no process while it served (NVML), so the CPU "
+                     "answered and the GPU's expectation does not apply. On simulated cards (make demo, molecule), "
+                     "which compute nothing, that is what they can show; on a real host it is a fault of the "
+                     "driver or the build.")
     if previews:
         lines.append("previewed, not served (the plan each host would get):")
         lines.extend(previews)

@@ -138,8 +138,8 @@ def read_health(nvml, handle, proc_root="/proc", xid_events=None):
     dbe = _call(nvml, nvml.nvmlDeviceGetRetiredPages, handle, _CAUSE_DBE)
     pending = _call(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     rows = _call(nvml, nvml.nvmlDeviceGetRemappedRows, handle)
-    processes = []
-    for proc in _call(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []:
+    processes, running = [], _call(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    for proc in running or []:
         used = getattr(proc, "usedGpuMemory", None)
         processes.append({
             "pid": int(proc.pid),
@@ -161,6 +161,8 @@ def read_health(nvml, handle, proc_root="/proc", xid_events=None):
             "failure": bool(rows[3]),
         },
         "processes": sorted(processes, key=lambda p: p["pid"]),
+        # False: NVML could not list them (an empty list then means nothing)
+        "processes_read": running is not None,
         "xid_events": None if xid_events is None else
         xid_events.get(_text(_call(nvml, nvml.nvmlDeviceGetUUID, handle)), []),
     }

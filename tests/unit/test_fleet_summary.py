@@ -58,6 +58,16 @@ def test_a_flagged_instance_and_a_large_expectation_read_whole():
     assert " 568384 " in row and row.endswith("FLAGGED")
 
 
+def test_a_cuda_build_the_cpu_served_says_so_and_expects_nothing():
+    local = local_facts()
+    local["llm_fleet_model"]["plans"][0]["expected_decode_tps"] = 568384.4
+    local["llm_fleet_verify"]["instances"][0].update(flagged=True, served_by="cpu")
+    lines = summary.llm_fleet_decisions(["gpu-host"], {"gpu-host": {"ansible_facts": {"ansible_local": local}}})
+    row = next(line for line in lines if line.startswith("gpu-host"))
+    assert row.endswith("CPU-served") and "568384" not in row
+    assert any(line.startswith("CPU-served: ") and "simulated cards" in line for line in lines)
+
+
 def test_a_gpu_held_by_its_health_check_says_why():
     local = local_facts()
     plan = local["llm_fleet_model"]["plans"][0]

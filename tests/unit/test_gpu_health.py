@@ -44,6 +44,7 @@ def test_a_healthy_v100_reports_zero_counters_and_no_processes(gpu_host):
         "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": False},
         "remapped_rows": None,  # Volta retires pages; row remapping is Ampere's
         "processes": [],
+        "processes_read": True,  # an empty list that means none, not "NVML could not say"
         "xid_events": None,  # no exporter listens here: unknown, not "none"
     }
     assert gpu_health.assess(gpu["health"]) == []

@@ -121,6 +121,30 @@ def test_a_split_instance_is_measured_card_by_card_and_not_calibrated():
     assert rec["calibration"] == [] and "tensor split over GPUs 0,1" in rec["not_calibrated"][0]
 
 
+def test_a_cuda_build_its_card_never_saw_is_cpu_served_flagged_and_not_calibrated():
+    """The simulated fleet's case, and a real host's broken driver: the GPU build runs,
+    NVML lists no process on the card, so the CPU served and no GPU figure applies."""
+    plan = dict(PLAN, quant="Q4_K_M", expected_decode_tps=27.8, first_token={"ttft_s": 2.0, "prompt_tps": 900},
+                decode_efficiency={"gpu_family": "volta", "quant_family": "Q4_K", "arch": "dense", "value": 0.6})
+    idle = dict(GPU, health={"processes": [], "processes_read": True})
+    rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [idle], [{"rc": 0, "stdout": json.dumps(
+        synthetic_loadtest(single=600.0))}], [None], CUDA_BUILD, 0.25, "2026-12-05T12:00:00Z")
+    inst = rec["instances"][0]
+    assert inst["served_by"] == "cpu" and inst["flagged"] and inst["ok"] and rec["status"] == "FLAGGED"
+    assert inst["ceiling_ratio"] is None and inst["expected_decode_tps"] is None
+    assert inst["vram"]["measured_over_predicted"] is None and "CPU served" in inst["vram"]["note"]
+    assert "no process on GPU 0" in inst["ceiling_note"]
+    assert inst["problems"] == ["served from the CPU: no process on GPU 0 (NVML)"]
+    assert rec["calibration"] == [] and "CPU served" in rec["not_calibrated"][0]
+    # the same card holding a process, or not read, is the GPU's
+    for health in ({"processes": [{"pid": 7, "name": "llama-server", "used_bytes": GIB}], "processes_read": True},
+                   {"processes": [], "processes_read": False}, None):
+        busy = dict(GPU, health=health)
+        rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [busy], [{"rc": 0, "stdout": json.dumps(
+            synthetic_loadtest(single=20.0))}], [None], CUDA_BUILD, 0.25)
+        assert rec["instances"][0]["served_by"] == "gpu" and rec["instances"][0]["ceiling_ratio"] is not None
+
+
 def test_below_the_fraction_is_flagged_not_an_error():
     rec = record(synthetic_loadtest(single=20.0), min_fraction=0.5)
     inst = rec["instances"][0]

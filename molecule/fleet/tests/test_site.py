@@ -59,7 +59,10 @@ def test_the_summary_shows_the_decisions_on_one_screen(tmp_path):
             assert "%s c%d x%d" % (plan["quant"], plan["ctx_size"], plan["parallel"]) in row
             assert "%.1f" % measured[plan["gpu_index"]]["single_stream_tps"] in row
             assert " cuda sm_70 " in row
+            # the simulated cards compute nothing: the CPU served, and the table says so
+            assert row.rstrip().endswith("CPU-served"), row
         assert "%s: Qwen2.5-32B-Instruct -> " % name in out
+    assert "CPU-served: a CUDA build whose card" in " ".join(out.split())
 
 
 @only_in_scenario("fleet")

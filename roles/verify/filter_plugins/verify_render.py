@@ -63,8 +63,9 @@ def verify_fleet_markdown(report, missing_hosts=None):
     for record in sorted(report.get("records", []), key=lambda r: r["host"]):
         for i in record.get("instances", []):
             vram = i.get("vram") or {}
+            cpu_served = i.get("served_by") == "cpu" and (record["llama_cpp"].get("backend") or "cpu") != "cpu"
             if vram.get("note"):
-                vram_text = "n/a (%s)" % (record["llama_cpp"].get("backend") or "?")
+                vram_text = "n/a (%s)" % ("CPU-served" if cpu_served else record["llama_cpp"].get("backend") or "?")
             elif vram.get("measured_used_bytes") is not None and vram.get("predicted_used_bytes"):
                 vram_text = "%.2f / %.2f (%+.1f%%)" % (vram["measured_used_bytes"] / GIB,
                                                        vram["predicted_used_bytes"] / GIB,
@@ -80,7 +81,7 @@ def verify_fleet_markdown(report, missing_hosts=None):
                 ratio_text = "%.0f%%" % (i["ceiling_ratio"] * 100)
             else:
                 ratio_text = "n/a"
-            status = "FLAGGED" if i["flagged"] else ("ok" if i["ok"] else "error")
+            status = "CPU-served" if cpu_served else "FLAGGED" if i["flagged"] else ("ok" if i["ok"] else "error")
             if i.get("expected_decode_tps") is not None:
                 expected_text = "%s / %s" % (_cell(i["expected_decode_tps"]), _cell(i.get("expected_aggregate_tps")))
             else:

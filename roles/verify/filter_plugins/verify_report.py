@@ -126,6 +126,19 @@ def _split_vram(memory, gpus, gpu_backend):
     return measured, cards
 
 
+def _idle_cards(instance, plan, gpu, gpus):
+    """The instance's GPUs on which NVML listed no compute process at all while it
+    served, or [] when any card holds one or was not read. A CUDA build that finds no
+    usable device serves from the CPU and never shows on its card: a simulated card
+    (which computes nothing), or on a real host a driver or build at fault."""
+    indices = instance.get("gpu_indices") or plan.get("gpu_indices")
+    cards = [_find_gpu(gpus, {"gpu_index": i}) for i in indices] if indices and len(indices) > 1 else [gpu]
+    health = [(c or {}).get("health") or {} for c in cards]
+    if not cards or not all(h.get("processes_read") and not h.get("processes") for h in health):
+        return []
+    return [c.get("index") for c in cards]
+
+
 def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction, gpus=None):
     """One instance's figures, ratios and verdict (gpus: every GPU of the host, for
     a split instance's cards)."""
@@ -147,8 +160,16 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
     single = one.get("per_stream_tps_mean")
     memory = plan.get("memory") or {}
     ceiling = plan.get("decode_ceiling_tps")
-    gpu_backend = str(backend or "").lower() not in ("cpu", "")
-    if not gpu_backend:
+    gpu_build = str(backend or "").lower() not in ("cpu", "")
+    idle = _idle_cards(instance, plan, gpu, gpus or [gpu]) if gpu_build else []
+    # served by the GPU: a GPU build whose cards were not seen idle while it served
+    gpu_backend = gpu_build and not idle
+    if idle:
+        ceiling_note = ("not applicable: the CPU served (no process on GPU %s while the instance served, by NVML; "
+                        "a simulated card computes nothing, on a real host check the driver and the CUDA build)"
+                        % ",".join(str(i) for i in idle))
+        ratio = None
+    elif not gpu_backend:
         ceiling_note = "not applicable: llama.cpp backend is %s, the GPU ceiling says nothing about it" % (
             backend or "unknown")
         ratio = None
@@ -180,8 +201,10 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         }
         if measured_first.get("error"):
             problems.append("first token: %s" % str(measured_first["error"])[:300])  # reported, not fatal
-    flagged = ratio is not None and min_fraction is not None and ratio < float(min_fraction)
-    if flagged:
+    flagged = bool(idle) or (ratio is not None and min_fraction is not None and ratio < float(min_fraction))
+    if idle:
+        problems.append("served from the CPU: no process on GPU %s (NVML)" % ",".join(str(i) for i in idle))
+    elif flagged:
         problems.append("below %.0f%% of the decode ceiling: %.1f of %.1f tok/s (%.0f%%)"
                         % (float(min_fraction) * 100, single, ceiling, ratio * 100))
     predicted = memory.get("predicted_used_bytes")
@@ -197,7 +220,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "predicted_used_bytes": predicted,
         "planned_total_bytes": memory.get("total_bytes"),
         "measured_over_predicted": round(float(used) / predicted, 4) if gpu_backend and used and predicted else None,
-        "note": None if gpu_backend else "not applicable: a %s build keeps the model in host memory" % (backend or "?"),
+        "note": None if gpu_backend else "not applicable: the CPU served (no process on its GPU)" if idle else
+        "not applicable: a %s build keeps the model in host memory" % (backend or "?"),
     }
     if per_gpu is not None:
         vram["per_gpu"] = per_gpu
@@ -230,6 +254,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "expected_aggregate_tps": plan.get("expected_aggregate_tps") if gpu_backend else None,
         "ceiling_ratio": ratio,
         "ceiling_note": ceiling_note,
+        # gpu: served by its card(s); cpu: a CPU build, or a GPU build that never showed on its card
+        "served_by": "gpu" if gpu_backend else "cpu",
         "llama_bench": bench_figures,
         "vram": vram,
         "flagged": flagged,
