@@ -32,6 +32,8 @@
 # Results in $OUT (default /root/gpu-host-out); BUNDLE=<file.tgz>: also packed into one file.
 # POLICY='{"objective": "throughput"}': the planner's policy (llm_model_policy) for the run;
 # default the role's own ({}: the latency objective).
+# AFFINITY=1: also benchmarks/affinity_ttft.py against a second instance on the card (issue 32);
+# SKIP_SETTLED=1: leave out the two settled comparisons.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$REPO/benchmarks/gpu-host
@@ -198,9 +200,25 @@ playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify.l
 grep -A3 'Print the instance' "$OUT/stage-verify.log" | head -8; grep -A8 'Say what the calibration gained' "$OUT/stage-verify.log" | head -12
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps-after.csv" 2>&1
 
+# --- AFFINITY=1: what keeping a conversation on its instance buys (issue 32) -----------
+# A second instance of the same rendered ExecStart on the next port, on the same card,
+# then a long conversation's time to first token per turn: same instance, alternating, cold.
+if [ -n "${AFFINITY:-}" ]; then
+  port2=$((port + 1))
+  sed "s/--port $port /--port $port2 /" "$WORK/start.sh" > "$WORK/start-2.sh"
+  stamp "affinity: a second instance on :$port2, then benchmarks/affinity_ttft.py"
+  setsid bash "$WORK/start-2.sh" > "$OUT/llama-server-2.log" 2>&1 < /dev/null &
+  SERVER2_PID=$!
+  timeout 300 python3 benchmarks/affinity_ttft.py --servers "http://127.0.0.1:$port,http://127.0.0.1:$port2" \
+    --out "$OUT/affinity-ttft.json" > "$OUT/affinity-ttft.txt" 2>&1
+  echo "affinity rc=$?" | tee -a "$OUT/rc.txt"; tail -6 "$OUT/affinity-ttft.txt"
+  kill -- -"$SERVER2_PID" 2>/dev/null || kill "$SERVER2_PID" 2>/dev/null
+fi
+
 # --- the rerun's comparison, twice, while the server serves: record, then settled ------
 stamp "settled: record the stamp, then compare (real NVML)"
-for n in 1 2; do
+# SKIP_SETTLED=1: not this time (a run that must fit the device's 600 s with AFFINITY)
+for n in $([ -z "${SKIP_SETTLED:-}" ] && echo 1 2); do
   playbook benchmarks/gpu-host/settled.yml -e '{"fleet_common_settled_units": []}' > "$OUT/settled-$n.log" 2>&1
   echo "settled($n) rc=$?" | tee -a "$OUT/rc.txt"
 done
