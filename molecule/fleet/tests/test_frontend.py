@@ -49,14 +49,14 @@ def wait_until_up(host, timeout=30):
     pytest.fail("%s: the front's servers are not all up: %s" % (host_name(host), states))
 
 
-def front(host, path, body=None, key=KEY, tls=None, cafile=PEM):
+def front(host, path, body=None, key=KEY, tls=None, cafile=PEM, headers=None):
     """What a client on the host gets from the front: (status, JSON body or text), the
     certificate checked against cafile (the self-signed one). tls: also return the handshake."""
     script = (
         "import hashlib,http.client,json,ssl,sys\n"
         "ctx=ssl.create_default_context(cafile=sys.argv[4])\n"
         "c=http.client.HTTPSConnection('127.0.0.1',8443,context=ctx,timeout=120)\n"
-        "h={'Content-Type':'application/json'}\n"
+        "h=dict({'Content-Type':'application/json'},**json.loads(sys.argv[5]))\n"
         "if sys.argv[3]: h['Authorization']='Bearer '+sys.argv[3]\n"
         "c.request('POST' if sys.argv[2] else 'GET',sys.argv[1],body=sys.argv[2] or None,headers=h)\n"
         "s=c.sock\n"
@@ -66,9 +66,10 @@ def front(host, path, body=None, key=KEY, tls=None, cafile=PEM):
         "try: text=json.loads(text)\n"
         "except ValueError: pass\n"
         "print(json.dumps([r.status,text,tls]))\n")
-    out = host.check_output("python3 -c %s %s %s %s %s" % (shlex.quote(script), shlex.quote(path),
-                                                             shlex.quote(json.dumps(body) if body else ""),
-                                                             shlex.quote(key or ""), shlex.quote(cafile)))
+    out = host.check_output("python3 -c %s %s %s %s %s %s" % (shlex.quote(script), shlex.quote(path),
+                                                                shlex.quote(json.dumps(body) if body else ""),
+                                                                shlex.quote(key or ""), shlex.quote(cafile),
+                                                                shlex.quote(json.dumps(headers or {}))))
     status, text, handshake = json.loads(out)
     return (status, text, handshake) if tls else (status, text)
 
@@ -251,6 +252,55 @@ def test_the_front_passes_on_the_key_the_instances_want_from_the_llama_server_fa
             assert restored.returncode == 0, restored.stdout[-3000:]
     assert stage_fact(host, "llama_server")["api_key_file"] == ""
     assert http(host, 8080, "/v1/chat/completions", CHAT)[0] == 200
+
+
+def served_by(host, body, headers=None):
+    """The port of the instance that generated the answer to one request through the front
+    (the instance whose own token count grew), and the answer."""
+    ports = [i["port"] for i in stage_fact(host, "llama_server")["instances"]]
+    before = dict((port, tokens_predicted(host, port)) for port in ports)
+    status, text = front(host, "/v1/chat/completions", body, headers=headers)
+    assert status == 200, text
+    grew = [port for port in ports if tokens_predicted(host, port) > before[port]]
+    assert len(grew) == 1, "instances that generated: %s" % grew
+    return grew[0], text
+
+
+def test_a_conversation_stays_on_its_instance_and_moves_only_while_it_is_down():
+    """The front hashes a conversation (its session header, else its first body bytes) to
+    one instance, whose KV cache holds the history: every turn lands there; while that
+    instance is down the turn is served by the other, and it comes back after."""
+    host = node(TWO_GPUS)
+    wait_until_up(host)
+    assert stage_fact(host, "frontend")["balance"] == "affinity"
+    instances = dict((i["port"], i) for i in stage_fact(host, "llama_server")["instances"])
+    messages = [{"role": "system", "content": "You answer questions about the fleet. " * 12},
+                {"role": "user", "content": "Which card is the fastest?"}]
+    homes = []
+    for _ in range(3):
+        port, text = served_by(host, {"messages": messages, "max_tokens": 4})
+        homes.append(port)
+        messages += [{"role": "assistant", "content": text["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "And then?"}]
+    assert len(set(homes)) == 1, "the turns went to %s" % homes
+    home = homes[0]
+    other = [port for port in instances if port != home][0]
+    unit = instances[home]["unit"]
+    host.check_output("systemctl stop %s" % unit)
+    try:
+        port, text = served_by(host, {"messages": messages, "max_tokens": 4})
+        assert port == other
+    finally:
+        host.check_output("systemctl start %s" % unit)
+    wait_until_up(host, timeout=90)
+    messages += [{"role": "assistant", "content": text["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "Thanks."}]
+    assert served_by(host, {"messages": messages, "max_tokens": 4})[0] == home
+    # a client's session header names the conversation: its turns stay together whatever the body
+    for session in ("alpha", "beta", "gamma"):
+        turns = [served_by(host, {"messages": [{"role": "user", "content": "turn %d" % n}], "max_tokens": 4},
+                           headers={"X-Session-Id": session})[0] for n in range(3)]
+        assert len(set(turns)) == 1, "session %s went to %s" % (session, turns)
 
 
 def test_a_drained_instance_receives_nothing():
