@@ -48,7 +48,8 @@ def test_fact_has_plausible_figures(name):
         plan = [p for p in stage_fact(host, "model")["plans"] if p["gpu_index"] == inst["gpu_index"]][0]
         assert first["error"] is None and first["prompt_tokens"] == plan["first_token"]["prompt_tokens"] > 0, first
         assert first["ttft_s"] > 0 and first["prompt_tps"] > 0
-        assert plan["first_token"]["ttft_s"] > 0 and first["expected_ttft_s"] is None  # a GPU's figure
+        # the plan's figure is a GPU's (for the tiny model it rounds to 0.0 s): nothing to expect of the CPU
+        assert plan["first_token"]["ttft_s"] is not None and first["expected_ttft_s"] is None
         assert inst["llama_bench"]["status"] in ("ok", "skipped")
         if inst["llama_bench"]["status"] == "ok":
             assert inst["llama_bench"]["decode_tps"] > 0 and inst["llama_bench"]["prompt_tps"] > 0
