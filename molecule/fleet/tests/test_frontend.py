@@ -211,6 +211,8 @@ def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_not
     ({"frontend_api_key": 'key" with a quote'}, "has a character a bearer token cannot carry"),
     ({"frontend_tls": False}, "every prompt would cross the network in clear text"),
     ({"frontend_hsts_max_age_s": -1}, "frontend_hsts_max_age_s is -1"),
+    ({"frontend_affinity_header": "X-Session-Id if TRUE"}, "use a header name"),
+    ({"frontend_client_concurrent_requests": "lots"}, "frontend_client_concurrent_requests is lots"),
 ])
 def test_bad_settings_stop_the_stage_before_any_change(settings, message, tmp_path):
     host = node(ONE_GPU)
@@ -254,10 +256,10 @@ def test_the_front_passes_on_the_key_the_instances_want_from_the_llama_server_fa
     assert http(host, 8080, "/v1/chat/completions", CHAT)[0] == 200
 
 
-def served_by(host, body, headers=None):
+def served_by(host, body, headers=None, ports=None):
     """The port of the instance that generated the answer to one request through the front
-    (the instance whose own token count grew), and the answer."""
-    ports = [i["port"] for i in stage_fact(host, "llama_server")["instances"]]
+    (the instance whose own token count grew; ports: those to read, default every one), and the answer."""
+    ports = ports or [i["port"] for i in stage_fact(host, "llama_server")["instances"]]
     before = dict((port, tokens_predicted(host, port)) for port in ports)
     status, text = front(host, "/v1/chat/completions", body, headers=headers)
     assert status == 200, text
@@ -288,7 +290,8 @@ def test_a_conversation_stays_on_its_instance_and_moves_only_while_it_is_down():
     unit = instances[home]["unit"]
     host.check_output("systemctl stop %s" % unit)
     try:
-        port, text = served_by(host, {"messages": messages, "max_tokens": 4})
+        # (the stopped one has no /metrics to read: the turn must have grown the other's count)
+        port, text = served_by(host, {"messages": messages, "max_tokens": 4}, ports=[other])
         assert port == other
     finally:
         host.check_output("systemctl start %s" % unit)
@@ -391,3 +394,31 @@ def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
     assert results["failures"] == []
     assert results["requests"] >= 20 and results["whole"] == results["requests"]
     wait_until_up(host)
+
+
+def test_a_client_past_its_request_rate_gets_429_with_retry_after(tmp_path):
+    """Per client address, the front counts requests in 10 s (a stick table) and answers
+    429 with Retry-After past the limit; each instance takes at most its slots at once."""
+    host = node(ONE_GPU)
+    config = host.file("/etc/haproxy/haproxy.cfg").content_string
+    slots = [i["parallel"] for i in stage_fact(host, "llama_server")["instances"]]
+    for parallel in slots:
+        assert " maxconn %d" % parallel in config
+    # the default: twice the host's slots in flight per client
+    assert "sc_conn_cur(0) gt %d }" % (2 * sum(slots)) in config
+    result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path,
+                          extra_vars={"frontend_client_requests_per_10s": 4})
+    assert result.returncode == 0, result.stdout[-3000:]
+    try:
+        # the stage's own wait for the front counted too: two 10 s periods clear HAProxy's sliding window
+        time.sleep(21)
+        answers = [front(host, "/health") for _ in range(6)]
+        assert [status for status, _ in answers[:4]] == [200] * 4, answers
+        status, text = answers[-1]
+        assert status == 429 and text["error"]["type"] == "rate_limit_error", answers
+        assert "at most 4 in 10 s" in text["error"]["message"]
+        assert "Retry-After: 10" in host.file("/etc/haproxy/llm-fleet/429.http").content_string
+    finally:
+        result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path)
+        assert result.returncode == 0, result.stdout[-3000:]
+    assert host.file("/etc/haproxy/haproxy.cfg").content_string == config
