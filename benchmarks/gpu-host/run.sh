@@ -77,6 +77,7 @@ tool_dir=$(dirname "$(command -v cmake)")
 # interpreter for the project venv must still win, which an extra var would not let it).
 export ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
 cat > "$WORK/host-vars.yml" <<YML
+---
 llama_cpp_source_archive: $ARCHIVE
 llama_cpp_cuda_version: "$cuda_version"
 llama_cpp_cuda_home: $cuda_home
