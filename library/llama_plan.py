@@ -313,6 +313,19 @@ def load_candidates(candidates):
     return models, warnings
 
 
+def host_memory_bytes():
+    """The host's RAM (MemTotal), which bounds the instances' prompt caches; None when
+    /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -326,7 +339,7 @@ def main():
     try:
         models, load_warnings = load_candidates(module.params["candidates"])
         result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
-                           module.params["calibration"] or None)
+                           module.params["calibration"] or None, host_memory_bytes())
     except ImportError:
         fail(module, missing_required_lib("gguf", reason="to read the candidates given by path"),
              exception=traceback.format_exc())

@@ -35,11 +35,16 @@ PLAN_FLAGS = (
     ("tensor_split", "--tensor-split", "-ts", _ALL),
     # a switch (no value): the sampler chain in the model's graph on the GPU
     ("backend_sampling", "--backend-sampling", "-bs", (SERVER,)),
+    # the prompt cache in host RAM (MiB) and how much of a slot's prompt a request must share to get it
+    ("cache_ram_mib", "--cache-ram", "-cram", (SERVER,)),
+    ("slot_prompt_similarity", "--slot-prompt-similarity", "-sps", (SERVER,)),
 )
 
 # Plan keys whose flag takes no value: present when the plan's value is true. A plan
 # recorded before the key existed runs without it.
 _SWITCH_KEYS = ("backend_sampling",)
+# Plan keys a plan recorded before them lacks: such a plan runs with llama.cpp's default.
+_OPTIONAL_KEYS = ("cache_ram_mib", "slot_prompt_similarity")
 
 # Flags of llama-server that are no plan key, (name, long flag, short flag): the thread
 # count (decode and batch alike), and llama.cpp's own fitting, which the server runs
@@ -98,6 +103,10 @@ def plan_flags(plan, program, short=False):
             value = None
         elif key == "flash_attn":  # plans recorded before it was planned ran with it on
             value = flash_attn_value(plan.get(key, True), program)
+        elif key in _OPTIONAL_KEYS:
+            if plan.get(key) is None:
+                continue
+            value = "%g" % plan[key] if isinstance(plan[key], float) else str(plan[key])
         else:
             value = str(plan[key])
         pairs.append((short_flag if short else long_flag, value))

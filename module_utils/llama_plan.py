@@ -17,7 +17,7 @@ from ansible.module_utils.plan_explain import (
     budget_table, candidate_verdicts, no_fit_message, plan_reason, plan_summary)
 from ansible.module_utils.plan_memory import (
     CTX_STEP, CUDA_OVERHEAD_BYTES, DEFAULT_BATCH, DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, GIB, HOST_MEMORY_BANDWIDTH,
-    KV_FILL_FRACTION, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
+    KV_FILL_FRACTION, MIB, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
 from ansible.module_utils.plan_speed import (
     aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill, gpu_family)
 from ansible.module_utils.plan_split import (
@@ -61,6 +61,15 @@ DEFAULT_POLICY = {
     # experimental at the pinned llama.cpp): auto is on for the throughput objective, where
     # it was measured (+13% aggregate at 16 streams, one stream unchanged; docs/planning.md)
     "backend_sampling": "auto",
+    # llama-server's prompt cache in host RAM (--cache-ram, MiB per instance; llama.cpp's
+    # default 8192, 0 turns it off): a conversation's earlier turns are restored from it,
+    # not prefilled again. At most prompt_cache_host_share of the host's RAM for all of the
+    # host's instances together (docs/planning.md, "The prompt cache").
+    "prompt_cache_mib": 8192,
+    "prompt_cache_host_share": 0.25,
+    # how much of a slot's cached prompt a request must share to be given that slot
+    # (--slot-prompt-similarity, llama.cpp's default 0.1; 0 turns the preference off)
+    "slot_prompt_similarity": 0.1,
 }
 
 # whole-number keys and their upper bounds: slots are sequences, and llama.cpp refuses
@@ -118,6 +127,7 @@ def normalize_policy(policy):
             out[key] = _int(out[key], key, 0)
     if out["threads"] is not None:
         out["threads"] = _int(out["threads"], "threads", 1)
+    out["prompt_cache_mib"] = _int(out["prompt_cache_mib"], "prompt_cache_mib", 0, 1 << 20)
     try:
         out["min_decode_tps"] = number("policy.min_decode_tps", out["min_decode_tps"], 0, 1e6, "tokens a second")
         out["kv_fill"] = number("policy.kv_fill", out["kv_fill"], 0, 1, "the share of a slot's cache a stream "
@@ -125,6 +135,10 @@ def normalize_policy(policy):
         out["host_memory_bandwidth_bytes_per_s"] = number(
             "policy.host_memory_bandwidth_bytes_per_s", out["host_memory_bandwidth_bytes_per_s"], 0, 1e14,
             "bytes a second", lo_open=True)
+        out["prompt_cache_host_share"] = number("policy.prompt_cache_host_share", out["prompt_cache_host_share"],
+                                                0, 0.9, "a share of the host's RAM, in [0, 0.9]")
+        out["slot_prompt_similarity"] = number("policy.slot_prompt_similarity", out["slot_prompt_similarity"],
+                                               0, 1, "a share of a slot's prompt, in [0, 1]")
     except SchemaError as err:
         raise PlanError(str(err))
     out["allow_partial_offload"] = _bool(out["allow_partial_offload"], "allow_partial_offload")
@@ -619,12 +633,46 @@ def _split_verdict(singles, split, floor, prefer=False):
                                 "is the fastest", s["split_mode"], s["quant"], s["expected_decode_tps"]))
 
 
-def plan_host(gpus, models, policy, calibration=None):
+def prompt_cache(plans, policy, host_memory_bytes):
+    """Each plan's prompt cache in host RAM (cache_ram_mib, --cache-ram) and slot prompt
+    similarity: policy.prompt_cache_mib per instance, at most policy.prompt_cache_host_share
+    of the host's RAM for all the instances together (host_memory_bytes None: not bounded,
+    said so). Adds the cost to each plan's reason; returns the host's line for the table."""
+    wanted = policy["prompt_cache_mib"]
+    share = policy["prompt_cache_host_share"]
+    if wanted and host_memory_bytes:
+        bound = int(share * host_memory_bytes / MIB / max(len(plans), 1))
+        each = min(wanted, bound)
+    else:
+        bound, each = None, wanted
+    for plan in plans:
+        plan["cache_ram_mib"] = each
+        plan["slot_prompt_similarity"] = policy["slot_prompt_similarity"]
+        plan["server_args"] = _server_args(plan)
+        if each:
+            plan["reason"] += (" Prompt cache: up to %d MiB of host RAM for this instance (--cache-ram%s): a "
+                               "conversation's earlier turns are restored from it instead of prefilled again." % (
+                                   each, "" if bound is None or each == wanted else
+                                   ", policy.prompt_cache_mib %d bounded by %.0f%% of the host's %.0f GiB over %d "
+                                   "instance(s)" % (wanted, share * 100, host_memory_bytes / GIB, len(plans))))
+    if not each:
+        return "prompt cache off (%s)" % ("policy.prompt_cache_mib 0" if not wanted else
+                                          "policy.prompt_cache_host_share leaves no RAM for it")
+    total = each * len(plans)
+    if host_memory_bytes:
+        return "prompt cache %d MiB x %d instance(s) = %.1f GiB of the host's %.1f GiB RAM (at most %.0f%%)" % (
+            each, len(plans), total / 1024.0, host_memory_bytes / GIB, share * 100)
+    return "prompt cache %d MiB x %d instance(s) = %.1f GiB of host RAM (the host's RAM unknown: not bounded)" % (
+        each, len(plans), total / 1024.0)
+
+
+def plan_host(gpus, models, policy, calibration=None, host_memory_bytes=None):
     """Plans for the GPUs of a host: {plans, table, summary, warnings, policy,
     split}. One plan per GPU, or one plan over all of them (split_mode layer or
     tensor) when that serves a better quant or the only fit (docs/planning.md).
     calibration: the fleet's measured efficiencies (plan_speed.merge_calibration's
-    content), or None for the built-in table only."""
+    content), or None for the built-in table only. host_memory_bytes: the host's RAM,
+    which bounds the instances' prompt caches (None: not bounded)."""
     policy = normalize_policy(policy)
     if not gpus:
         raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
@@ -666,10 +714,13 @@ def plan_host(gpus, models, policy, calibration=None):
     for plan, lines in singles:
         plan.pop("bpw", None)
         plans.append(plan)
+    cache_line = prompt_cache(plans, policy, host_memory_bytes)
+    for plan, lines in singles:
         table.extend(lines)
         warnings.extend(plan["warnings"])
         summary.append(plan_summary(plan))
     if split_note:
         table.append("host: %s" % split_note)
+    table.append("host: %s" % cache_line)
     return {"plans": plans, "table": table, "summary": "\n".join(summary), "warnings": warnings, "policy": policy,
             "split": split_note}

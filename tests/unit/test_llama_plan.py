@@ -644,8 +644,8 @@ def test_throughput_objective_stops_at_max_parallel_and_checks_its_keys(dense_me
 
 def test_the_throughput_objective_samples_on_the_gpu_unless_the_policy_says_otherwise(gpus, dense_meta):
     throughput, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"objective": "throughput"})["plans"]
-    assert throughput["backend_sampling"] is True and throughput["server_args"][-5:] == [
-        "-bs", "-t", str(throughput["threads"]), "-fit", "off"]
+    assert throughput["backend_sampling"] is True and "-bs" in throughput["server_args"]
+    assert throughput["server_args"][-4:] == ["-t", str(throughput["threads"]), "-fit", "off"]
     assert "Sampling runs on the GPU (--backend-sampling, the throughput objective's default)" in throughput["reason"]
     latency, = plan(gpus("v100-sxm2-32gb"), declared(dense_meta))["plans"]
     assert latency["backend_sampling"] is False and "-bs" not in latency["server_args"]
@@ -657,6 +657,44 @@ def test_the_throughput_objective_samples_on_the_gpu_unless_the_policy_says_othe
     assert off["backend_sampling"] is False and "-bs" not in off["server_args"]
     with pytest.raises(plan_memory.PlanError, match="policy.backend_sampling must be auto, true or false, got 'gpu'"):
         lp.normalize_policy({"backend_sampling": "gpu"})
+
+
+def test_the_prompt_cache_is_planned_within_the_host_s_ram(gpus, dense_meta):
+    """Each instance gets llama.cpp's 8 GiB prompt cache in host RAM (--cache-ram) unless
+    all of the host's instances together would pass policy.prompt_cache_host_share of its
+    RAM; the cost is in the reason and the table, and the flags follow the plan."""
+    models = [plan_model.model_from_metadata(c["quant"], c["metadata"], c["size_bytes"]) for c in declared(dense_meta)]
+    two = gpus("2x-v100-sxm2-16gb-nvlink")
+    roomy = lp.plan_host(two, models, {"allow_split": False}, host_memory_bytes=384 << 30)
+    assert [p["cache_ram_mib"] for p in roomy["plans"]] == [8192, 8192]
+    assert all(p["slot_prompt_similarity"] == 0.1 for p in roomy["plans"])
+    assert roomy["plans"][0]["server_args"][roomy["plans"][0]["server_args"].index("-cram") + 1] == "8192"
+    assert roomy["plans"][0]["server_args"][roomy["plans"][0]["server_args"].index("-sps") + 1] == "0.1"
+    assert "up to 8192 MiB of host RAM for this instance (--cache-ram)" in roomy["plans"][0]["reason"]
+    assert "host: prompt cache 8192 MiB x 2 instance(s) = 16.0 GiB of the host's 384.0 GiB RAM" in roomy["table"][-1]
+    # 32 GiB of RAM: a quarter over two instances is 4096 MiB each, and the reason says why
+    small = lp.plan_host(two, models, {"allow_split": False}, host_memory_bytes=32 << 30)
+    assert [p["cache_ram_mib"] for p in small["plans"]] == [4096, 4096]
+    assert "policy.prompt_cache_mib 8192 bounded by 25% of the host's 32 GiB over 2 instance(s)" in small["plans"][0]["reason"]
+    off = lp.plan_host(two, models, {"allow_split": False, "prompt_cache_mib": 0}, host_memory_bytes=32 << 30)
+    assert [p["cache_ram_mib"] for p in off["plans"]] == [0, 0] and off["table"][-1] == "host: prompt cache off (policy.prompt_cache_mib 0)"
+    assert "Prompt cache" not in off["plans"][0]["reason"]
+    unknown = lp.plan_host(two, models, {"allow_split": False})
+    assert [p["cache_ram_mib"] for p in unknown["plans"]] == [8192, 8192] and "not bounded" in unknown["table"][-1]
+    for bad, match in (({"prompt_cache_host_share": 2}, "policy.prompt_cache_host_share"),
+                       ({"slot_prompt_similarity": -0.5}, "policy.slot_prompt_similarity"),
+                       ({"prompt_cache_mib": -1}, "policy.prompt_cache_mib")):
+        with pytest.raises(plan_memory.PlanError, match=match):
+            lp.normalize_policy(bad)
+
+
+def test_a_plan_recorded_before_the_prompt_cache_runs_with_llama_cpp_s_default():
+    from ansible.module_utils.llama_flags import SERVER, plan_argv
+    base = {"model_path": "m.gguf", "ctx_size": 4096, "parallel": 1, "n_gpu_layers": 99, "cache_type_k": "f16",
+            "cache_type_v": "f16", "batch_size": 2048, "ubatch_size": 512}
+    assert "--cache-ram" not in plan_argv(base, SERVER)
+    assert plan_argv(dict(base, cache_ram_mib=0, slot_prompt_similarity=0.25), SERVER)[-4:] == [
+        "--cache-ram", "0", "--slot-prompt-similarity", "0.25"]
 
 
 def test_plans_say_how_long_the_first_token_takes(gpus, dense_meta):
