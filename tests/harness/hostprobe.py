@@ -84,10 +84,11 @@ def harness_group_vars():
         return yaml.safe_load(handle)
 
 
-def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None, tags=None):
+def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None, tags=None, groups=None):
     """Run one of the project's playbooks against simulated hosts (put in
-    gpu_servers) the way an operator would, with an inventory written here.
-    Returns the CompletedProcess; output is in .stdout."""
+    gpu_servers, and in the other groups of `groups`: {group: [host]}) the way an
+    operator would, with an inventory written here. Returns the CompletedProcess;
+    output is in .stdout."""
     import tempfile
     import yaml
     repo = os.path.dirname(os.path.dirname(HARNESS_DIR))
@@ -95,7 +96,9 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, s
     inventory = os.path.join(workdir, "hosts.yml")
     with open(inventory, "w") as handle:
         yaml.safe_dump({"all": {"vars": harness_group_vars(),
-                                "children": {"gpu_servers": {"hosts": {h: {} for h in hosts}}}}}, handle,
+                                "children": dict({"gpu_servers": {"hosts": {h: {} for h in hosts}}},
+                                                 **{g: {"hosts": {h: {} for h in members}}
+                                                    for g, members in (groups or {}).items()})}}, handle,
                        sort_keys=False)  # the hosts in the order given (site.yml's canary is the first)
     argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory,
             os.path.join(repo, playbook)]

@@ -69,28 +69,28 @@ def test_nothing_changed_every_host_is_settled_and_every_stage_skips_it():
 @pytest.mark.day_two
 def test_a_changed_file_and_a_stopped_instance_send_that_host_through_every_stage():
     host = node(DRIFTED)
-    # and a lost front certificate: the front makes a new one, which Prometheus must trust
+    # and a lost front certificate: the fleet's CA issues a new one, which Prometheus must trust
     host.check_output("systemctl stop llama-server@0.service && chmod 0600 /etc/llm-fleet/plan.json"
-                      " && rm /etc/haproxy/llm-fleet/tls.pem")
+                      " && rm /etc/haproxy/llm-fleet/fleet-ca.pem")
     result = rerun()
     out = result.stdout
     assert settled(out) == sorted(set(HOSTS) - {DRIFTED}), out[-6000:]
     reasons = re.search(r"Every stage runs on %s: ([^\n]*(?:\n {8}[^\n]*)*)" % DRIFTED, out).group(1)
     reasons = " ".join(reasons.split())
-    assert "files gone: /etc/haproxy/llm-fleet/tls.pem;" in reasons, reasons
+    assert "files gone: /etc/haproxy/llm-fleet/fleet-ca.pem;" in reasons, reasons
     assert re.search(r"files changed: [^;]*/etc/llm-fleet/plan\.json", reasons), reasons
     assert "unit llama-server@0.service is inactive/dead enabled, it was active/running enabled" in reasons, reasons
     # put right by the stages, and only there: the monitoring host's Prometheus stage reran
     # for it and trusts the new certificate
     assert host.service("llama-server@0.service").is_running
     assert host.file("/etc/llm-fleet/plan.json").mode == 0o644
-    assert host.file("/etc/haproxy/llm-fleet/tls.pem").exists
+    assert host.file("/etc/haproxy/llm-fleet/fleet-ca.pem").exists
     assert recap(out, DRIFTED)["changed"] >= 2 and ran_a_stage(out, DRIFTED)
     assert not ran_a_stage(out, "fleet-sxm2-32gb") and not ran_a_stage(out, MONITORING)
     assert recap(out, "fleet-sxm2-32gb")["changed"] == 0
     changed = tasks_on(out, MONITORING, "changed")
     assert changed and all(name.startswith("prometheus : ") for name in changed), changed
-    served = host.check_output("openssl x509 -in /etc/haproxy/llm-fleet/tls.pem").strip()
+    served = host.check_output("openssl x509 -in /etc/haproxy/llm-fleet/fleet-ca.pem").strip()
     assert served in node(MONITORING).file("/etc/prometheus/llm-fleet/fronts-ca.pem").content_string
     # and every host recorded what it holds now, the monitoring host too: the reboot test's
     # run (next) finds every host settled

@@ -20,7 +20,8 @@ from test_llama_server import ONE_GPU, TWO_GPUS, http, main_pid
 pytestmark = only_in_scenario("fleet")
 
 KEY = harness_group_vars()["llm_fleet_api_key"]
-PEM = "/etc/haproxy/llm-fleet/tls.pem"
+# the simulated fleets' fronts serve certificates of the fleet's CA (tests/harness/group_vars/all.yml)
+FLEET_CA = "/etc/ssl/llm-fleet/fleet-ca.crt"
 SOCKET = "/run/haproxy/admin.sock"
 BACKEND = "llama_server"
 
@@ -49,9 +50,9 @@ def wait_until_up(host, timeout=30):
     pytest.fail("%s: the front's servers are not all up: %s" % (host_name(host), states))
 
 
-def front(host, path, body=None, key=KEY, tls=None, cafile=PEM, headers=None):
+def front(host, path, body=None, key=KEY, tls=None, cafile=FLEET_CA, headers=None):
     """What a client on the host gets from the front: (status, JSON body or text), the
-    certificate checked against cafile (the self-signed one). tls: also return the handshake."""
+    certificate checked against cafile (the fleet's CA). tls: also return the handshake."""
     script = (
         "import hashlib,http.client,json,ssl,sys\n"
         "ctx=ssl.create_default_context(cafile=sys.argv[4])\n"
@@ -118,7 +119,9 @@ def test_tls_with_the_host_certificate_and_modern_ciphers_only():
     assert handshake["version"] in ("TLSv1.3", "TLSv1.2")
     assert "DNS:%s" % TWO_GPUS in ["DNS:" + n for n in handshake["names"]] and "127.0.0.1" in handshake["names"]
     fact = stage_fact(host, "frontend")
-    assert fact["tls"] and fact["certificate"]["kind"] == "self-signed"
+    assert fact["tls"] and fact["certificate"]["kind"] == "issued"
+    # issued by the fleet's CA on the controller, for the host's own names
+    assert host.run("openssl verify -CAfile %s /etc/haproxy/llm-fleet/fleet-ca.pem" % FLEET_CA).rc == 0
     assert fact["certificate"]["sha256"].replace(":", "").lower() == handshake["sha256"]
     # a client that offers only a cipher without forward secrecy (TLS 1.2, RSA key exchange) is refused
     refused = host.run("python3 -c %s" % shlex.quote(
@@ -157,10 +160,10 @@ def test_slots_stay_behind_the_front_and_browsers_are_told_to_keep_tls():
 @pytest.mark.day_two
 def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_nothing(tmp_path):
     """An operator's certificate (issued by their CA, chain included) replaces the
-    self-signed one; a key of another certificate is refused before any change; without
-    it in the inventory the self-signed certificate (kept, same fingerprint) serves again."""
+    fleet CA's; a key of another certificate is refused before any change; without it in
+    the inventory the fleet CA's certificate (kept, same fingerprint) serves again."""
     host = node(ONE_GPU)
-    self_signed = front(host, "/health", tls=True)[2]["sha256"]
+    fleet_issued = front(host, "/health", tls=True)[2]["sha256"]
     ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
     host.check_output(
         "set -e; rm -rf /root/ca && mkdir /root/ca && cd /root/ca\n"
@@ -179,7 +182,7 @@ def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_not
     assert wrong.returncode != 0
     assert "are not a PEM certificate and the PEM private key of that certificate" in " ".join(wrong.stdout.split())
     assert "PRIVATE KEY" not in wrong.stdout
-    assert front(host, "/health", tls=True)[2]["sha256"] == self_signed
+    assert front(host, "/health", tls=True)[2]["sha256"] == fleet_issued
 
     result = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path, extra_vars={
         "frontend_tls_certificate": chain, "frontend_tls_private_key": read("/root/ca/host.key").content_string})
@@ -190,20 +193,10 @@ def test_a_certificate_from_the_inventory_is_served_and_a_wrong_pair_changes_not
     fact = stage_fact(host, "frontend")
     assert fact["certificate"]["kind"] == "issued" and fact["certificate"]["sha256"].replace(":", "").lower() == issued
 
-    fleet_config = tmp_path / "fleet-frontend.cfg"
-    back = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path,
-                        extra_vars={"frontend_fleet_config": str(fleet_config)})
+    back = run_playbook("playbooks/frontend.yml", [ONE_GPU], tmp_path=tmp_path)
     assert back.returncode == 0, back.stdout[-3000:]
-    assert front(host, "/health", tls=True)[2]["sha256"] == self_signed
+    assert front(host, "/health", tls=True)[2]["sha256"] == fleet_issued
     assert not host.file("/etc/haproxy/llm-fleet/issued.pem").exists
-
-    # the fleet-level front written on the controller is a configuration HAProxy accepts
-    text = fleet_config.read_text()
-    assert "server %s %s:8443 check ssl verify none sni str(%s)" % (ONE_GPU, ONE_GPU, ONE_GPU) in text
-    assert KEY not in text
-    subprocess.run(["docker", "cp", str(fleet_config), ONE_GPU + ":/root/fleet-frontend.cfg"], check=True)
-    checked = host.run("FLEET_API_KEY=k haproxy -c -f /root/fleet-frontend.cfg")
-    assert checked.rc == 0, checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize("settings,message", [
@@ -367,7 +360,7 @@ def test_a_rolling_restart_under_load_loses_no_request(tmp_path):
                    check=True)
     host.run("rm -f /tmp/loadgen.stop /tmp/loadgen.json")
     host.check_output("nohup python3 /root/loadgen.py https://127.0.0.1:8443 %s %s /tmp/loadgen.stop 4 48 1 "
-                      "> /tmp/loadgen.json 2>/tmp/loadgen.err &" % (shlex.quote(KEY), PEM))
+                      "> /tmp/loadgen.json 2>/tmp/loadgen.err &" % (shlex.quote(KEY), FLEET_CA))
     before = main_pid(host, 0), main_pid(host, 1)
     try:
         time.sleep(3)

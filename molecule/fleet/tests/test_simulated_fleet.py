@@ -1,8 +1,11 @@
 """The simulated fleet itself: each host is a real systemd machine with no
-network whose GPUs, read through the real pynvml, are the profile's figures,
+route out whose GPUs, read through the real pynvml, are the profile's figures,
 and whose GPU settings are lost at a reboot like a real card's."""
+import json
+import subprocess
+
 from gpu_profile import int_list, parse_cpu_list
-from hostprobe import nvml_probe, reboot
+from hostprobe import host_name, nvml_probe, reboot
 
 
 def test_host_runs_systemd_as_pid1(host):
@@ -10,9 +13,19 @@ def test_host_runs_systemd_as_pid1(host):
     assert host.run("systemctl is-system-running").stdout.strip() in ("running", "degraded")
 
 
-def test_host_has_no_network_beyond_loopback(host):
-    links = host.run("ip -o link show").stdout.splitlines()
-    assert [line.split(":")[1].strip() for line in links] == ["lo"]
+def test_host_has_no_route_out(host):
+    """Loopback only, or (the fleet scenario, for its fleet front) the scenario's internal
+    network besides: no route beyond it."""
+    links = [line.split(":")[1].strip().split("@")[0] for line in host.run("ip -o link show").stdout.splitlines()]
+    assert links[0] == "lo" and len(links) <= 2, links
+    networks = json.loads(subprocess.run(
+        ["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", host_name(host)],
+        check=True, capture_output=True, text=True).stdout)
+    for network in networks:
+        if network != "none":
+            internal = subprocess.run(["docker", "network", "inspect", "-f", "{{.Internal}}", network],
+                                      check=True, capture_output=True, text=True).stdout.strip()
+            assert internal == "true", "%s is on %s, which routes out" % (host_name(host), network)
 
 
 def test_nvml_reports_the_profile(host, sim_profile):

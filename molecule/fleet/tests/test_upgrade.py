@@ -39,7 +39,6 @@ def rollout(tmp_path, patches, **settings):
         "verify_report_dir": reports(""),
         "fleet_common_calibration_file": reports("decode-calibration.json"),
         "llm_fleet_prometheus_targets_dir": reports("prometheus"),
-        "frontend_fleet_config": reports("fleet-frontend.cfg"),
     }))
 
 
