@@ -471,12 +471,13 @@ def _plan_warnings(gpu, policy, model, chosen, met, partial, config, memory, cei
 def _plan_line(plan, expected, ceiling, aggregate, efficiency):
     """The budget table's last line: the plan's memory and speed in one line."""
     m = plan["memory"]
+    others = (" + others %.2f" % (m["foreign_bytes"] / GIB)) if m.get("foreign_bytes") else ""
     return ("  plan: %s -c %d -np %d (%d tokens/slot) %s KV, -ngl %s: weights %.2f + kv %.2f + compute %.2f + "
-            "overhead %.2f + headroom %.2f = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
+            "overhead %.2f + headroom %.2f%s = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
             "efficiency, %s), %.1f tok/s over %d slot(s)"
             % (plan["quant"], plan["ctx_size"], plan["parallel"], plan["ctx_per_slot"], plan["cache_type_k"],
                plan["n_gpu_layers"], m["weights_bytes"] / GIB, m["kv_bytes"] / GIB, m["compute_bytes"] / GIB,
-               m["overhead_bytes"] / GIB, m["headroom_bytes"] / GIB, m["total_bytes"] / GIB,
+               m["overhead_bytes"] / GIB, m["headroom_bytes"] / GIB, others, m["total_bytes"] / GIB,
                m["gpu_total_bytes"] / GIB, expected, ceiling, efficiency["value"], efficiency["source"], aggregate,
                plan["parallel"]))
 
@@ -666,6 +667,16 @@ def prompt_cache(plans, policy, host_memory_bytes):
         each, len(plans), total / 1024.0)
 
 
+def host_gpus(gpus):
+    """The host's GPU facts, checked (nvidia_gpu_facts' entries); raises PlanError."""
+    if not gpus:
+        raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
+    try:
+        return check_gpus(gpus)
+    except SchemaError as err:
+        raise PlanError("GPU facts: %s" % err)
+
+
 def plan_host(gpus, models, policy, calibration=None, host_memory_bytes=None):
     """Plans for the GPUs of a host: {plans, table, summary, warnings, policy,
     split}. One plan per GPU, or one plan over all of them (split_mode layer or
@@ -674,12 +685,7 @@ def plan_host(gpus, models, policy, calibration=None, host_memory_bytes=None):
     content), or None for the built-in table only. host_memory_bytes: the host's RAM,
     which bounds the instances' prompt caches (None: not bounded)."""
     policy = normalize_policy(policy)
-    if not gpus:
-        raise PlanError("no GPU to plan for: gpus is empty (nvidia_gpu_facts found none; see its nvidia_nvml_error)")
-    try:
-        gpus = check_gpus(gpus)
-    except SchemaError as err:
-        raise PlanError("GPU facts: %s" % err)
+    gpus = host_gpus(gpus)
     if not models:
         raise PlanError("no candidate model to plan with: candidates is empty")
     bpw = dict((m["quant"], m["bpw"]) for m in models)

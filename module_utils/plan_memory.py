@@ -279,6 +279,26 @@ def layer_weight_bytes(model):
     return max(0, rest) // max(1, model["n_layer"])
 
 
+def card_reserved_bytes(gpu, policy):
+    """What the driver keeps of the card whatever runs on it: policy.reserved_bytes, else
+    NVML's own figure when the driver gives it (measured: 615 MiB on an H200, which the
+    whole-GiB rule missed), else the GPU family's figure or the rule for older drivers."""
+    reserved = policy["reserved_bytes"]
+    if reserved is None:
+        reserved = gpu.get("memory_reserved_bytes")
+    if reserved is None:
+        family_mib = DRIVER_RESERVED_MIB_BY_FAMILY.get(gpu_family(gpu))
+        reserved = family_mib * MIB if family_mib else driver_reserved_bytes(int(gpu["memory_total_bytes"]))
+    return reserved
+
+
+def card_room_bytes(gpu, policy):
+    """What a card gives its llama-server processes together: its memory less the
+    driver's reservation, the policy's headroom and what other programs hold."""
+    return (int(gpu["memory_total_bytes"]) - card_reserved_bytes(gpu, policy) - policy["headroom_bytes"]
+            - int(gpu.get("memory_foreign_bytes") or 0))
+
+
 def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers=None):
     """The memory breakdown of one configuration on one GPU (bytes). A split
     group's is plan_split.split_budget's, built on this one."""
@@ -295,14 +315,7 @@ def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers
     caches = cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first)
     # the roles always pass --parallel, so llama-server keeps one KV stream per slot
     compute = compute_bytes(model, ubatch, ctx_size // parallel, fa, cache_type, parallel, first_layer=first)
-    reserved = policy["reserved_bytes"]
-    if reserved is None:
-        # NVML's own figure when the driver gives it (measured: 615 MiB on an H200,
-        # which the whole-GiB rule below missed); the rule only for older drivers.
-        reserved = gpu.get("memory_reserved_bytes")
-    if reserved is None:
-        family_mib = DRIVER_RESERVED_MIB_BY_FAMILY.get(gpu_family(gpu))
-        reserved = family_mib * MIB if family_mib else driver_reserved_bytes(total_card)
+    reserved = card_reserved_bytes(gpu, policy)
     overhead = policy["overhead_bytes"] + reserved
     headroom = policy["headroom_bytes"]
     # what other processes hold on the card, when the policy plans around them (plan_around)
