@@ -61,7 +61,18 @@ options:
         returned with the plan in C(candidate).
     type: list
     elements: dict
-    required: true
+  models:
+    description:
+      - Several models on the host instead of one (C(candidates) and C(policy)), in priority
+        order; each C({name, candidates, policy, gpus}), C(candidates) and C(policy) as
+        above, C(gpus) C(every) (an instance on every GPU, the first model's default) or a
+        number of GPUs (default 1, those with the most room). Every resident model's memory
+        is counted on its card; a model that fits nowhere beside those before it fails the
+        module by name with the figures. Each plan then has C(model_name), and
+        C(placement) says which GPU holds which models (C(docs/planning.md), several
+        models on one host).
+    type: list
+    elements: dict
   policy:
     description:
       - What the service needs; every key is optional.
@@ -115,6 +126,7 @@ options:
     default: {}
 requirements:
   - gguf (only for candidates given by C(path))
+  - Exactly one of C(candidates) and C(models).
 notes:
   - Supports check mode; it only reads.
   - >-
@@ -155,8 +167,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+placement:
+  description: With C(models), which models each GPU holds (GPU index to model names, in priority order).
+  returned: success, with C(models)
+  type: dict
 plans:
-  description: One plan per GPU, in the order of C(gpus).
+  description: One plan per GPU, in the order of C(gpus) (with C(models), per model and GPU, with C(model_name)).
   returned: success
   type: list
   elements: dict
@@ -271,8 +287,10 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.fleet_errors import fail
 from ansible.module_utils.gguf_model import GGUFError, read_model
 from ansible.module_utils.llama_plan import plan_host
+from ansible.module_utils.plan_explain import plan_summary
 from ansible.module_utils.plan_memory import PlanError
 from ansible.module_utils.plan_model import model_from_metadata
+from ansible.module_utils.plan_models import place_models
 
 
 def load_candidates(candidates):
@@ -326,20 +344,44 @@ def host_memory_bytes():
     return None
 
 
+def plan_several(gpus, entries, calibration):
+    """place_models over the entries' candidates loaded as load_candidates does:
+    (result with a summary line per plan, load warnings named by model)."""
+    placed, warnings = [], []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry.get("candidates"), list):
+            raise PlanError("models[%d] (%s) needs candidates, a list as the candidates option takes"
+                            % (index, entry.get("name") or "no name"))
+        models, load_warnings = load_candidates(entry["candidates"])
+        warnings.extend("%s: %s" % (entry.get("name"), w) for w in load_warnings)
+        placed.append(dict((k, v) for k, v in entry.items() if k != "candidates"))
+        placed[-1]["models"] = models
+    result = place_models(gpus, placed, calibration, host_memory_bytes())
+    result["summary"] = "\n".join("%s: %s" % (p["model_name"], plan_summary(p)) for p in result["plans"])
+    return result, warnings
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "gpus": {"type": "list", "elements": "dict", "required": True},
-            "candidates": {"type": "list", "elements": "dict", "required": True},
+            "candidates": {"type": "list", "elements": "dict"},
+            "models": {"type": "list", "elements": "dict"},
             "policy": {"type": "dict", "default": {}},
             "calibration": {"type": "dict", "default": {}},
         },
+        required_one_of=[("candidates", "models")],
+        mutually_exclusive=[("candidates", "models")],
         supports_check_mode=True,
     )
     try:
-        models, load_warnings = load_candidates(module.params["candidates"])
-        result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
-                           module.params["calibration"] or None, host_memory_bytes())
+        if module.params["models"]:
+            result, load_warnings = plan_several(module.params["gpus"], module.params["models"],
+                                                 module.params["calibration"] or None)
+        else:
+            models, load_warnings = load_candidates(module.params["candidates"])
+            result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
+                               module.params["calibration"] or None, host_memory_bytes())
     except ImportError:
         fail(module, missing_required_lib("gguf", reason="to read the candidates given by path"),
              exception=traceback.format_exc())
@@ -348,8 +390,8 @@ def main():
     result["warnings"] = load_warnings + result["warnings"]
     for warning in result["warnings"]:
         module.warn(warning)
-    module.exit_json(changed=False, plans=result["plans"], table=result["table"], summary=result["summary"],
-                     plan_warnings=result["warnings"], policy=result["policy"])
+    module.exit_json(changed=False, plan_warnings=result["warnings"], **dict(
+        (k, result[k]) for k in ("plans", "table", "summary", "policy", "placement") if k in result))
 
 
 if __name__ == "__main__":

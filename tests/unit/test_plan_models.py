@@ -134,3 +134,27 @@ def test_minimum_is_the_smallest_candidate_in_the_most_compact_cache(gpus, small
 def test_bad_entries_are_named(gpus, entries, words):
     with pytest.raises(PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
         place_models(gpus("v100-sxm2-32gb"), entries)
+
+
+def test_the_module_plans_several_models_and_refuses_by_name(gpus, dense_meta, small_meta):
+    """library/llama_plan.py's models option: the same placement through the module, the
+    candidates declared as an inventory declares them."""
+    def declared(meta, quants):
+        return [{"quant": q, "size_bytes": int(meta["parameter_count"] * BPW[q] / 8), "metadata": meta}
+                for q in quants]
+    card = gpus("v100-sxm2-32gb")
+    result = run_module("llama_plan", {"gpus": card, "models": [
+        {"name": "chat", "candidates": declared(dense_meta, ("Q4_K_M", "Q5_K_M")), "policy": {"target_ctx": 65536}},
+        {"name": "coder", "candidates": declared(small_meta, ("Q3_K_S", "Q6_K")),
+         "policy": {"target_ctx": 8192, "target_parallel": 1}}]})
+    assert not result.get("failed"), result.get("msg")
+    assert {str(k): v for k, v in result["placement"].items()} == {"0": ["chat", "coder"]}
+    assert [p["model_name"] for p in result["plans"]] == ["chat", "coder"]
+    assert result["summary"].startswith("chat: ")
+    failed = run_module("llama_plan", {"gpus": gpus("v100-sxm2-16gb"), "models": [
+        {"name": "chat", "candidates": declared(dense_meta, ("Q3_K_S",))},
+        {"name": "again", "candidates": declared(dense_meta, ("Q3_K_S",))}]})
+    assert failed.get("failed") and "model again fits on no GPU" in failed["msg"]
+    both = run_module("llama_plan", {"gpus": card, "candidates": declared(dense_meta, ("Q4_K_M",)),
+                                     "models": [{"name": "chat", "candidates": declared(dense_meta, ("Q4_K_M",))}]})
+    assert both.get("failed") and "mutually exclusive" in both["msg"]
