@@ -32,7 +32,9 @@
 # Results in $OUT (default /root/gpu-host-out); BUNDLE=<file.tgz>: also packed into one file.
 # POLICY='{"objective": "throughput"}': the planner's policy (llm_model_policy) for the run;
 # default the role's own ({}: the latency objective).
-# AFFINITY=1: also benchmarks/affinity_ttft.py against a second instance on the card (issue 32);
+# AFFINITY=1: also benchmarks/affinity_ttft.py against a second instance on the card (issue 32),
+# with AFFINITY_ARGS (e.g. "--turns 9 --turn-tokens 1300": a history past 8k tokens needs
+# a policy whose slots hold it, POLICY='{"target_ctx": 65536}');
 # SKIP_SETTLED=1: leave out the two settled comparisons.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -211,7 +213,7 @@ if [ -n "${AFFINITY:-}" ]; then
   setsid bash "$WORK/start-2.sh" > "$OUT/llama-server-2.log" 2>&1 < /dev/null &
   SERVER2_PID=$!
   timeout 300 python3 benchmarks/affinity_ttft.py --servers "http://127.0.0.1:$port,http://127.0.0.1:$port2" \
-    --out "$OUT/affinity-ttft.json" > "$OUT/affinity-ttft.txt" 2>&1
+    --out "$OUT/affinity-ttft.json" ${AFFINITY_ARGS:-} > "$OUT/affinity-ttft.txt" 2>&1
   echo "affinity rc=$?" | tee -a "$OUT/rc.txt"; tail -6 "$OUT/affinity-ttft.txt"
   kill -- -"$SERVER2_PID" 2>/dev/null || kill "$SERVER2_PID" 2>/dev/null
 fi
