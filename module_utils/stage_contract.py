@@ -22,15 +22,18 @@ SCHEMA_VERSION = 1
 STAGE_KEYS = {
     "nvidia_stack": ("driver_version", "cuda_version", "nccl_version", "gpus", "compute_capabilities"),
     "gpu_tuning": ("settings",),
-    # where Prometheus scrapes the GPUs (dcgm-exporter's names) and who may
-    "gpu_exporter": ("url", "allow"),
+    # where Prometheus scrapes the GPUs (dcgm-exporter's names), who may, and the
+    # prometheus stage's file_sd group for it
+    "gpu_exporter": ("url", "allow", "prometheus_targets"),
     "llama_cpp": ("build_key", "commit", "backend", "cuda_version", "cuda_architectures", "targets", "install_dir",
                   "bin_dir", "server", "server_flags"),
     "model": ("plans",),
     "llama_server": ("host", "api_key", "api_key_file", "environment", "instances"),
     # the load balancer in front of the instances: where clients connect, and the runtime
-    # socket and names the llama_server and nvidia_stack stages drain servers through
-    "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout"),
+    # socket and names the llama_server and nvidia_stack stages drain servers through;
+    # what the prometheus stage scrapes there and the certificate it trusts for it
+    "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout", "prometheus_targets",
+                 "certificate_pem"),
     "verify": ("status", "instances"),
     # on the monitoring host(s): where Prometheus answers and how many targets each job scrapes
     "prometheus": ("url", "jobs"),

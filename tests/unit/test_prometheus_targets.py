@@ -1,5 +1,6 @@
-"""roles/prometheus's llm_fleet_reachable_targets: the stages' file_sd targets as the
-monitoring host can scrape them (another host's loopback is out of reach)."""
+"""roles/prometheus's filters: the targets the hosts' stage facts name (a host that does not
+answer keeps its own), the ones the monitoring host can scrape (another host's loopback is
+out of reach), and the fronts' split by key."""
 import importlib.util
 from pathlib import Path
 
@@ -55,3 +56,51 @@ def test_fronts_are_split_by_the_key_each_host_wants():
     # one key for all (or no front): one configuration, as before
     assert [(g["suffix"], g["key"]) for g in front_groups(groups, {}, "k")] == [("", "k")]
     assert front_groups([], {}, "") == [{"suffix": "", "key": "", "llama_servers": [], "frontends": []}]
+
+
+# ---- llm_fleet_fact_targets: the targets the hosts' stage facts name -------------------
+fact_targets = filters.llm_fleet_fact_targets
+PEM_A = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"
+PEM_B = "-----BEGIN CERTIFICATE-----\nBBBB\n-----END CERTIFICATE-----"
+
+
+def read(host, gpu_exporter=None, frontend=None):
+    """One host as the role hands it over: what its stage facts name."""
+    targets, pem = frontend or ([], "")
+    return {"host": host, "read": True, "why": "", "gpu": gpu_exporter or [], "fronts": targets, "certificate": pem}
+
+
+def down(host):
+    return {"host": host, "read": False, "why": "Failed to connect to the host via ssh"}
+
+
+def test_each_stage_s_fact_gives_its_own_targets_and_the_front_its_certificate():
+    gpu_a = group("10.0.0.7:9400", "gpu-a")
+    inst_a = group("10.0.0.7:8443", "gpu-a", job="llm-fleet-llama-server", gpu="0")
+    front_a = group("10.0.0.7:8443", "gpu-a", job="llm-fleet-frontend")
+    fleet = group("10.0.0.9:443", "front", job="llm-fleet-frontend")
+    result = fact_targets([read("gpu-a", [gpu_a], ([inst_a, front_a], PEM_A + "\n")),
+                           read("front", frontend=([fleet], PEM_B))])
+    assert result == {"gpu": [gpu_a], "fronts": [inst_a, front_a, fleet], "certificates": [PEM_A, PEM_B],
+                      "unread": [], "carried": []}
+
+
+def test_a_host_that_does_not_answer_keeps_what_prometheus_had_for_it():
+    """Dropping a down host's targets would hide it: up never goes to 0, no alert fires."""
+    gpu_a, gpu_b = group("gpu-a:9400", "gpu-a"), group("gpu-b:9400", "gpu-b")
+    inst_b = group("gpu-b:8443", "gpu-b", job="llm-fleet-llama-server", gpu="0")
+    previous = [group("gpu-a:9400", "gpu-a", stale="yes"), gpu_b, inst_b]
+    result = fact_targets([read("gpu-a", [gpu_a]), down("gpu-b")], previous, PEM_B)
+    assert result["gpu"] == [gpu_a, gpu_b]  # gpu-a's from its fact now, not the stale copy
+    assert result["fronts"] == [inst_b]
+    assert result["certificates"] == [PEM_B]
+    assert result["carried"] == ["gpu-b"]
+    assert [u["host"] for u in result["unread"]] == ["gpu-b"]
+    assert "ssh" in result["unread"][0]["why"]
+
+
+def test_a_host_read_without_the_stage_s_fact_has_no_target_of_it():
+    """Uninstalled (or never deployed): its old targets go, even though Prometheus had them."""
+    previous = [group("gpu-a:9400", "gpu-a")]
+    result = fact_targets([read("gpu-a")], previous, PEM_A)
+    assert result == {"gpu": [], "fronts": [], "certificates": [], "unread": [], "carried": []}

@@ -1,13 +1,12 @@
 """The GPU exporter on the two-GPU host: what it serves is what NVML reports. (The
 health gate's test, a sick second card, is the first of test_split.py: the split
 deploy there is the run after the card is healthy again.)"""
-import json
 import os
 import shlex
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hostprobe import nvml_probe, node, only_in_scenario
+from hostprobe import nvml_probe, node, only_in_scenario, stage_fact
 from test_llama_server import TWO_GPUS
 
 pytestmark = only_in_scenario("fleet")
@@ -44,11 +43,13 @@ def test_the_gpu_exporter_reports_what_nvml_reports():
     assert host.socket("tcp://127.0.0.1:9400").is_listening and not host.socket("tcp://0.0.0.0:9400").is_listening
 
 
-def test_prometheus_targets_for_every_host_are_written_on_the_controller():
-    path = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "reports", "prometheus", "llm-fleet-gpus.json")
-    with open(path) as f:
-        targets = json.load(f)
-    hosts = sorted(t["labels"]["host"] for t in targets)
-    assert TWO_GPUS in hosts and len(hosts) == len(set(hosts)) >= 3
+def test_every_gpu_host_s_fact_names_its_exporter_for_prometheus():
+    """The prometheus stage reads these from the hosts' facts (no file on the controller)."""
+    targets = []
+    for name in ("fleet-sxm2-32gb", "fleet-sxm2-16gb", TWO_GPUS):
+        fact = stage_fact(node(name), "gpu_exporter")
+        assert [g["labels"]["host"] for g in fact["prometheus_targets"]] == [name]
+        targets += fact["prometheus_targets"]
     # loopback exporters (the default): a target only a Prometheus on that host reaches
     assert all(t["targets"] == ["127.0.0.1:9400"] and t["labels"]["job"] == "llm-fleet-gpu" for t in targets)
+    assert not os.path.exists(os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "reports", "prometheus"))

@@ -3,13 +3,15 @@ from Debian's packages scrapes that host's GPU exporter and each of its llama-se
 instances through the front (/metrics/gpu<N>, TLS checked against the certificate the
 front serves, the key from a file only Prometheus reads), and what it stored equals what
 the mock NVML reports. The other hosts' exporters listen on their own loopback: left out
-and said. (The sick card as Prometheus sees it: test_split.py's first test.)"""
+and said. Every target comes from the hosts' stage facts, the fleet front's HAProxy too.
+(The sick card as Prometheus sees it: test_split.py's first test.)"""
 import json
 import shlex
 import time
 import urllib.parse
 
 from hostprobe import node, nvml_probe, only_in_scenario, stage_fact
+from test_fleet_front import FRONT
 from test_frontend import front, servers
 from test_llama_server import ONE_GPU, TWO_GPUS
 
@@ -74,7 +76,7 @@ def test_prometheus_scrapes_its_host_s_gpus_and_instances_through_the_front():
     assert sorted((u["host"], u["job"]) for u in fact["unreachable"]) == [
         ("fleet-sxm2-16gb", "llm-fleet-gpu"), ("fleet-sxm2-32gb", "llm-fleet-gpu")]
     # a front is listed where its HAProxy has the built-in exporter (Debian 12's 2.6 has it)
-    with_exporter = [h for h in (ONE_GPU, TWO_GPUS, "fleet-sxm2-16gb")
+    with_exporter = [h for h in (ONE_GPU, TWO_GPUS, "fleet-sxm2-16gb", FRONT)
                      if "prometheus-exporter" in node(h).check_output("haproxy -vv")]
     assert fact["jobs"] == {"llm-fleet-gpu": 1, "llm-fleet-llama-server": 4, "llm-fleet-frontend": len(with_exporter)}
     assert TWO_GPUS in with_exporter
@@ -91,6 +93,25 @@ def test_the_front_s_own_figures_need_the_key_and_are_stored():
     stored = wait_for("the front's backend figures", lambda: one(
         host, 'haproxy_backend_active_servers{host="%s",proxy="llama_server"}' % TWO_GPUS))
     assert stored == up == 2
+
+
+def test_the_fleet_front_s_own_figures_are_scraped_from_its_fact():
+    """The fleet front is no GPU host: its frontend fact names only HAProxy's figures, which
+    Prometheus scrapes over TLS it verifies against the certificate that fact carries."""
+    host = node(TWO_GPUS)
+    fact = stage_fact(node(FRONT), "frontend")
+    assert [g["labels"]["job"] for g in fact["prometheus_targets"]] == ["llm-fleet-frontend"]
+    assert "BEGIN CERTIFICATE" in fact["certificate_pem"]
+    targets = wait_for("the fleet front's target up", lambda: [
+        t for t in api(host, "/api/v1/targets?state=active")["activeTargets"]
+        if t["labels"].get("host") == FRONT and t["health"] == "up"])
+    assert [(t["labels"]["job"], urllib.parse.urlsplit(t["scrapeUrl"]).path) for t in targets] == [
+        ("llm-fleet-frontend", "/metrics/haproxy")]
+    # what it stored is the fleet front's own view: the GPU hosts it sees up
+    up = sum(1 for row in servers(node(FRONT)).values() if row["status"] == "UP")
+    stored = wait_for("the fleet front's backend figures", lambda: one(
+        host, 'haproxy_backend_active_servers{host="%s",proxy="llama_server"}' % FRONT))
+    assert stored == up == 3
 
 
 def test_what_prometheus_stored_equals_the_mock_nvml():

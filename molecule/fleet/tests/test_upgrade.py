@@ -38,7 +38,6 @@ def rollout(tmp_path, patches, **settings):
         "verify_loadtest_n_predict": 16,
         "verify_report_dir": reports(""),
         "fleet_common_calibration_file": reports("decode-calibration.json"),
-        "llm_fleet_prometheus_targets_dir": reports("prometheus"),
     }))
 
 

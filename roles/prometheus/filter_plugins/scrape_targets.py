@@ -1,12 +1,13 @@
 # -*- coding: utf-8 -*-
-"""Which of the stages' Prometheus targets the monitoring host can reach, and the
-fronts' split by the key each wants."""
+"""What the monitoring host scrapes: the targets the hosts' stage facts name, which of
+them it can reach, and the fronts' split by the key each wants."""
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
 import ipaddress
 import os
+import re
 
 import ansible.module_utils
 
@@ -18,6 +19,8 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
+
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", re.S)
 
 
 def _loopback(address):
@@ -52,6 +55,45 @@ def llm_fleet_reachable_targets(groups, monitoring_host):
 FRONT_JOBS = ("llm-fleet-llama-server", "llm-fleet-frontend")
 
 
+def llm_fleet_fact_targets(hosts, previous=None, previous_pem=""):
+    """What to scrape, from what the hosts' stage facts name. hosts: one entry per host
+    the delegated setup tried, {host, read (bool: its facts came back), why (when not),
+    gpu (the gpu_exporter fact's prometheus_targets), fronts (the frontend fact's),
+    certificate (the frontend fact's certificate_pem)}. Returns {"gpu": the GPU
+    exporters' file_sd groups, "fronts": the fronts' (each instance's /metrics and
+    HAProxy's), "certificates": the PEMs the fronts serve, "unread": [{host, why}],
+    "carried": [hosts]}.
+    previous (the file_sd groups the monitoring host has now) and previous_pem (the
+    certificates it trusts now): a host whose facts could not be read keeps its groups and
+    certificates, so Prometheus goes on scraping it and a down host's alerts fire, instead
+    of the host dropping out of the monitoring. A host read without a stage's fact (not
+    deployed there, or uninstalled) has no target of that stage."""
+    gpu, fronts, certificates, unread, read = [], [], [], [], set()
+    for entry in hosts or []:
+        host = str(entry.get("host"))
+        if not entry.get("read"):
+            unread.append({"host": host, "why": str(entry.get("why") or "no facts")})
+            continue
+        read.add(host)
+        gpu.extend(entry.get("gpu") or [])
+        fronts.extend(entry.get("fronts") or [])
+        certificates.extend(_PEM.findall(entry.get("certificate") or ""))
+    carried = set()
+    if unread:
+        missing = set(u["host"] for u in unread)
+        for group in previous or []:
+            host = str((group.get("labels") or {}).get("host"))
+            if host in missing and host not in read:
+                carried.add(host)
+                (gpu if (group.get("labels") or {}).get("job") == "llm-fleet-gpu" else fronts).append(group)
+        certificates.extend(_PEM.findall(previous_pem or ""))
+    unique = []
+    for pem in certificates:
+        if pem not in unique:
+            unique.append(pem)
+    return {"gpu": gpu, "fronts": fronts, "certificates": unique, "unread": unread, "carried": sorted(carried)}
+
+
 def llm_fleet_front_groups(groups, keys, fallback=""):
     """The fronts' file_sd groups split by the key each front wants: keys is
     {inventory host: its key}, a host not in it wants fallback. Prometheus sends one
@@ -79,10 +121,12 @@ def llm_fleet_front_groups(groups, keys, fallback=""):
 _KINDS = {
     "llm_fleet_reachable_targets": {"groups": "dicts?"},
     "llm_fleet_front_groups": {"groups": "dicts?", "keys": "dict?", "fallback": "text?"},
+    "llm_fleet_fact_targets": {"hosts": "dicts?", "previous": "dicts?", "previous_pem": "text?"},
 }
 
 
 class FilterModule(object):
     def filters(self):
         return guard_filters({"llm_fleet_reachable_targets": llm_fleet_reachable_targets,
-                              "llm_fleet_front_groups": llm_fleet_front_groups}, _KINDS)
+                              "llm_fleet_front_groups": llm_fleet_front_groups,
+                              "llm_fleet_fact_targets": llm_fleet_fact_targets}, _KINDS)
