@@ -19,6 +19,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
+from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 
 COLUMNS = (("host", 20), ("GPU", 26), ("tuning", 15), ("build", 13), ("serves", 27), ("expect", 8),
            ("measured", 9), ("verify", 7))
@@ -68,8 +69,16 @@ def _build_cell(llama_cpp):
     return "%s %s" % (backend, " ".join("sm_%s" % a for a in archs)) if backend == "cuda" and archs else backend
 
 
+def _instance(entry):
+    try:
+        return instance_id(entry)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _serves_cell(plan):
-    return "%s c%d x%d %s" % (plan.get("quant"), int(plan.get("ctx_size") or 0), int(plan.get("parallel") or 0),
+    # several models: the model's name before its quant
+    return "%s%s c%d x%d %s" % ("%s " % plan["model_name"] if plan.get("model_rank") else "", plan.get("quant"), int(plan.get("ctx_size") or 0), int(plan.get("parallel") or 0),
                               plan.get("cache_type_k"))
 
 
@@ -106,14 +115,15 @@ def llm_fleet_decisions(hosts, hostvars):
         verify = local.get("llm_fleet_verify") or {}
         tuning = local.get("llm_fleet_gpu_tuning") or {}
         gpu_build = (llama_cpp.get("backend") or "cpu") != "cpu"
-        measured = dict((i.get("gpu_index"), i) for i in verify.get("instances") or [])
+        # one row per plan: per model and card (several models share a GPU)
+        measured = dict((_instance(i), i) for i in verify.get("instances") or [])
         # planned GPUs the llama_server stage kept its instance off (failed health check)
         held = dict((h.get("gpu_index"), h) for h in (local.get("llm_fleet_llama_server") or {}).get("held") or [])
         plans = model.get("plans") or []
         if not plans:
             lines.append(_row([host, "no plan recorded yet"]))
         for plan in plans:
-            inst = measured.get(plan.get("gpu_index")) or {}
+            inst = measured.get(_instance(plan)) or {}
             lines.append(_row([
                 host, _gpu_cell(plan), _tuning_cell(tuning, plan), _build_cell(llama_cpp), _serves_cell(plan),
                 # the plan's expectation is a GPU figure: nothing to expect of a CPU build, or of a

@@ -134,7 +134,14 @@ def llm_fleet_gpu_gate(plans, gpus, foreign_policy="refuse", lost=None, previous
             held.append(dict(entry, cards=cards) if watch else entry)
         else:
             serve.append(plan)
-    return {"serve": serve, "held": held, "warnings": warnings, "notes": notes, "readmitted": list(kept.values())}
+    # several models share a card: the card is held once, and said once
+    held = list(dict((tuple(h["gpu_uuids"]), h) for h in held).values())
+    return {"serve": serve, "held": held, "warnings": _once(warnings), "notes": _once(notes),
+            "readmitted": list(kept.values())}
+
+
+def _once(lines):
+    return [line for i, line in enumerate(lines) if line not in lines[:i]]
 
 
 _KINDS = {

@@ -31,9 +31,10 @@ STAGE_KEYS = {
     "llama_server": ("host", "api_key", "api_key_file", "environment", "instances"),
     # the load balancer in front of the instances: where clients connect, and the runtime
     # socket and names the llama_server and nvidia_stack stages drain servers through;
-    # what the prometheus stage scrapes there and the certificate it trusts for it
-    "frontend": ("url", "tls", "socket", "backend", "servers", "drain_timeout", "prometheus_targets",
-                 "certificate_pem"),
+    # what the prometheus stage scrapes there and the certificate it trusts for it; with
+    # several models, the backend of each server (server_backends)
+    "frontend": ("url", "tls", "socket", "backend", "servers", "server_backends", "drain_timeout",
+                 "prometheus_targets", "certificate_pem"),
     "verify": ("status", "instances"),
     # on the monitoring host(s): where Prometheus answers and how many targets each job scrapes
     "prometheus": ("url", "jobs"),

@@ -120,4 +120,10 @@ if [ ! -s "$harness_cache/models/tiny-f32.gguf.sha256" ]; then
   "$venv/bin/python" tests/harness/tiny_model.py "$harness_cache/models/tiny-f32.gguf"
   (cd "$harness_cache/models" && sha256sum tiny-f32.gguf | cut -d' ' -f1 > tiny-f32.gguf.sha256)
 fi
+# A second, smaller model, for a host serving two models (molecule/fleet/tests/test_models.py).
+if [ ! -s "$harness_cache/models/tiny-second-f32.gguf.sha256" ]; then
+  step "second tiny test model"
+  "$venv/bin/python" tests/harness/tiny_model.py --embd 32 --ctx 2048 "$harness_cache/models/tiny-second-f32.gguf"
+  (cd "$harness_cache/models" && sha256sum tiny-second-f32.gguf | cut -d' ' -f1 > tiny-second-f32.gguf.sha256)
+fi
 step "done"

@@ -72,6 +72,8 @@ CATALOGUE = [{"quant": "Q4_K_M", "hf_repo": "o/r", "hf_file": "q4.gguf", "sha256
                                          {"path": "/srv/q8-00002-of-00002.gguf", "sha256": SHA}]}]
 ENTRIES = FILTERS["llm_model_entries"](CATALOGUE, "/srv/models")
 FETCHED = {"files": [{"path": ENTRIES[0]["model_path"], "action": "present"}]}
+SERVED_MODELS = FILTERS["llm_model_served"]([{"name": "chat", "catalogue": CATALOGUE},
+                                              {"name": "embed", "catalogue": CATALOGUE[:1]}], [], "", {}, "/srv/models")
 FIT = {"results": [{"item": {"gpu_index": 0}, "rc": 0, "stdout": "CUDA0 100 200 300\nHost 5 0 0\n"}]}
 
 
@@ -125,6 +127,8 @@ REALISTIC = {
     "llama_cpp_version_info": (VERSION,),
     "llama_server_args": (PLAN, OPTIONS, FLAGS),
     "llama_server_instance": (PLAN, 8080, "0c1e57098-cuda", {"0": "f1"}),
+    "llama_server_instance_id": (dict(PLAN, instance="0-embed", model_rank=1),),
+    "llama_server_port": (dict(PLAN, model_rank=1), 8080, 100),
     "llama_server_health_retries": (18 * GIB, 30, 10, 5),
     "llama_server_environment": (LLAMA_CPP, "auto"),
     "llama_server_cpu_list": ("0-19,40-59", "Cpus_allowed_list:\t0-79\n"),
@@ -141,6 +145,13 @@ REALISTIC = {
     "llm_model_fit_estimate": (FIT["results"][0], PLAN, "llama-fit-params"),
     "llm_model_record": ([PLAN], ENTRIES, FETCHED, FIT, "llama-fit-params", "qwen", "/srv/models", {"objective": "x"},
                          {"plans": [PLAN]}, [{"item": {"key": "other"}, "plans": [PLAN]}]),
+    "llm_model_served": ([{"name": "chat", "catalogue": CATALOGUE, "policy": {"min_ctx": 4096}},
+                          {"name": "embed", "catalogue": CATALOGUE[:1], "gpus": 1}], [], "", {}, "/srv/models"),
+    "llm_model_plan_models": (SERVED_MODELS, [dict(PLAN, model_name="chat")]),
+    "llm_model_fetch_all": (SERVED_MODELS, [dict(PLAN, model_name="chat"), dict(PLAN, model_name="embed")]),
+    "llm_model_records": ([dict(PLAN, model_name="chat"), dict(PLAN, model_name="embed")], SERVED_MODELS, FETCHED,
+                          FIT, "llama-fit-params", "/srv/models", {"plans": [dict(PLAN, model_name="chat")],
+                                                                  "placement": {"0": ["chat", "embed"]}}, []),
     "llm_model_preview_lines": ([{"item": {"key": "other"}, "plans": [PLAN]}],),
     "llm_model_progress_line": (json.dumps({"file": "q4.gguf", "done_bytes": 5 * GIB, "total_bytes": 18 * GIB,
                                             "rate_bytes_per_s": 1e8, "eta_s": 130.5}),),

@@ -5,6 +5,8 @@ import pytest
 
 from conftest import ROOT
 
+import paths
+
 _spec = importlib.util.spec_from_file_location(
     "llama_server_filters", ROOT / "roles" / "llama_server" / "filter_plugins" / "llama_server.py")
 filters = importlib.util.module_from_spec(_spec)
@@ -76,3 +78,29 @@ def test_backend_sampling_renders_as_a_switch_and_an_older_build_drops_it():
     assert args[args.index("--ubatch-size") + 2] == "--backend-sampling"
     assert args[args.index("--backend-sampling") + 1] == "--threads" and result["dropped"] == []
     assert filters.llama_server_args(plan, OPTIONS, NEW_BUILD)["dropped"] == ["--backend-sampling"]
+
+
+def _rollback_filters():
+    return paths.load_file("llama_server_rollback", "roles/llama_server/filter_plugins/llama_server_rollback.py")
+
+
+def test_several_models_name_their_instances_and_ports_apart():
+    """Issue 35: the first model keeps the one-model instance and port; the others get
+    <gpu>-<name> and base + rank x step; a record written before has its GPU's index."""
+    first = {"gpu_index": 1, "gpu_uuid": "GPU-b", "instance": "1", "model_name": "chat", "model_rank": 0}
+    second = {"gpu_index": 1, "gpu_uuid": "GPU-b", "instance": "1-code", "model_name": "code", "model_rank": 1}
+    old = {"gpu_index": 1, "gpu_uuid": "GPU-b"}
+    assert [filters.llama_server_instance_id(p) for p in (first, second, old)] == ["1", "1-code", "1"]
+    assert [filters.llama_server_port(p, 8080, 100) for p in (first, second, old)] == [8081, 8181, 8081]
+    records = [filters.llama_server_instance(p, 8080, "k", {"1": "f-chat", "1-code": "f-code"}, 100)
+               for p in (first, second)]
+    assert [(r["unit"], r["port"], r["fingerprint"], r["model_name"]) for r in records] == [
+        ("llama-server@1.service", 8081, "f-chat", "chat"), ("llama-server@1-code.service", 8181, "f-code", "code")]
+    # a rollback of one model's instance leaves the other model's on the same GPU alone
+    fact = _rollback_filters().llama_server_record_rollback(
+        {"summary": "2 instances", "instances": [dict(r, build_key="slow") for r in records]},
+        [{"gpu_index": 1, "instance": "1-code", "model_name": "code", "model_rank": 1, "build_key": "fast"}],
+        {"1-code": "f-back"})
+    assert [(i["build_key"], i["fingerprint"]) for i in fact["instances"]] == [("slow", "f-chat"), ("fast", "f-back")]
+    assert fact["summary"].endswith("GPU 1 (code) switched back to build fast (the rollout's speed gate refused the "
+                                    "change)")

@@ -542,6 +542,7 @@ def test_plan_around_budgets_only_other_programs_memory():
 
 
 PLAN = {"gpu_index": 0, "quant": "Q4_K_M", "model_path": "/m/q4.gguf", "ctx_size": 16384, "parallel": 4,
+        "reason": "Q4_K_M: the best quality that fits",
         "cache_type_k": "f16", "cache_type_v": "f16", "n_gpu_layers": 65, "flash_attn": True, "batch_size": 2048,
         "ubatch_size": 512, "decode_ceiling_tps": 45.04, "partial_offload": False,
         "candidate": {"catalogue_index": 0},
@@ -669,3 +670,79 @@ def test_bit_rot_the_cache_cannot_see_is_found_by_a_full_check(server, payload, 
     checked = fetch(tmp_path, [spec], checksum_cache=False)
     assert checked["changed"] is True and checked["files"][0]["action"] == "downloaded"
     assert target.read_bytes() == payload
+
+
+# --- several models (llm_model_models, issue 35) ------------------------------------
+
+def _catalogue(name):
+    return [{"quant": "Q4_K_M", "url": "http://m/%s.gguf" % name, "sha256": SHA, "metadata": META}]
+
+
+def test_one_model_form_is_the_only_entry_when_no_models_are_named():
+    served = F.llm_model_served([], _catalogue("q4"), "Qwen", {"target_ctx": 8192}, "/m")
+    assert [(m["name"], m["rank"], m["gpus"], m["policy"]) for m in served] == [
+        ("Qwen", 0, "every", {"target_ctx": 8192})]
+
+
+@pytest.mark.parametrize("models,catalogue,words", [
+    ([{"name": "chat", "catalogue": _catalogue("a")}], _catalogue("b"), "both set"),
+    ([{"name": "chat/1", "catalogue": _catalogue("a")}], [], "names its instances"),
+    ([{"name": "chat", "catalogue": _catalogue("a")}, {"name": "Chat", "catalogue": _catalogue("b")}], [],
+     "used twice"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "load": "on_demand"}], [], "not supported yet"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "gpus": 0}], [], "whole number >= 1"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "policy": []}], [], "policy must be a dict"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "ram": 1}], [], "unknown key(s) ram"),
+    ([{"name": "chat", "catalogue": []}], [], "llm_model_models[0].catalogue must list"),
+    ([{"name": "chat", "catalogue": _catalogue("a")},
+      {"name": "code", "catalogue": [dict(_catalogue("a")[0], sha256="cd" * 32)]}], [], "another sha256"),
+])
+def test_several_models_are_refused_by_name(models, catalogue, words):
+    with pytest.raises(F.AnsibleFilterError) as err:
+        F.llm_model_served(models, catalogue, "", {}, "/m")
+    assert words in str(err.value)
+    assert "llm_model_" in str(err.value)
+
+
+def test_several_models_are_planned_fetched_and_recorded_per_model():
+    served = F.llm_model_served([{"name": "chat", "catalogue": _catalogue("chat"), "policy": {"target_ctx": 8192}},
+                                 {"name": "code", "catalogue": _catalogue("code"), "gpus": 1}], [], "", {}, "/m")
+    assert [(m["name"], m["rank"], m["gpus"]) for m in served] == [("chat", 0, "every"), ("code", 1, 1)]
+    asked = F.llm_model_plan_models(served)
+    assert [(m["name"], m["gpus"], m["policy"]) for m in asked] == [("chat", "every", {"target_ctx": 8192}),
+                                                                    ("code", 1, {})]
+    assert asked[1]["candidates"][0]["quant"] == "Q4_K_M" and "path" not in asked[1]["candidates"][0]
+    plans = [dict(PLAN, model_name="chat", model_path="/m/chat.gguf"),
+             dict(PLAN, model_name="code", model_path="/m/code.gguf",
+                  memory=dict(PLAN["memory"], other_models_bytes=5 << 30))]
+    # after the download: each model's chosen file, by path
+    assert [m["candidates"][0]["path"] for m in F.llm_model_plan_models(served, plans)] == ["/m/chat.gguf",
+                                                                                          "/m/code.gguf"]
+    assert [f["name"] for f in F.llm_model_fetch_all(served, plans)] == ["chat.gguf", "code.gguf"]
+    fetched = {"files": [{"path": "/m/chat.gguf", "action": "present"}, {"path": "/m/code.gguf", "action": "present"}]}
+    fit = {"results": [{"item": plans[0], "rc": 0, "stdout": "CUDA0 100 200 300\nHost 5 0 0\n"},
+                       {"item": plans[1], "rc": 0, "stdout": "CUDA0 50 20 30\nHost 5 0 0\n"}]}
+    record = F.llm_model_records(plans, served, fetched, fit, "/x/llama-fit-params", "/m",
+                                 {"plans": plans, "placement": {0: ["chat", "code"]}}, [])
+    assert [(p["model_name"], p["model_rank"], p["instance"]) for p in record["plans"]] == [
+        ("chat", 0, "0"), ("code", 1, "0-code")]
+    # each plan's own llama-fit-params figure, not the other model's on the same GPU
+    assert [p["llama_fit_params"]["llama_cpp"]["model_mib"] for p in record["plans"]] == [100, 50]
+    assert [m["name"] for m in record["models"]] == ["chat", "code"]
+    assert record["summary"].startswith("chat: GPU 0: Q4_K_M") and " || code: GPU 0: Q4_K_M" in record["summary"]
+    assert record["model"] == "chat" and record["placement"] == {0: ["chat", "code"]}
+
+
+def test_one_model_record_is_unchanged_but_names_its_instance():
+    served = F.llm_model_served([], _catalogue("q4"), "Qwen2.5-32B", {"target_ctx": 16384}, "/m")
+    fetched = {"files": [{"path": "/m/q4.gguf", "action": "present"}]}
+    one = F.llm_model_record([PLAN], served[0]["entries"], fetched, None, "/x", "Qwen2.5-32B", "/m",
+                             {"target_ctx": 16384}, {"plans": [PLAN]})
+    record = F.llm_model_records([PLAN], served, fetched, None, "/x", "/m",
+                                 {"plans": [PLAN], "policy": {"target_ctx": 16384}}, [])
+    assert [(p["model_name"], p["model_rank"], p["instance"]) for p in record["plans"]] == [("Qwen2.5-32B", 0, "0")]
+    for plan in record["plans"]:
+        for key in ("model_name", "model_rank", "instance"):
+            plan.pop(key)
+    assert dict(record, models=None) == dict(one, models=None)
+    assert "placement" not in record

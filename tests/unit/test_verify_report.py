@@ -145,6 +145,41 @@ def test_a_cuda_build_its_card_never_saw_is_cpu_served_flagged_and_not_calibrate
         assert rec["instances"][0]["served_by"] == "gpu" and rec["instances"][0]["ceiling_ratio"] is not None
 
 
+def test_two_models_on_one_card_are_measured_process_by_process():
+    """Several models (issue 35): each instance's memory is its own process's (NVML's compute
+    process with the PID that served its load test) against what the plan gave the process
+    alone; the card's total holds both and says nothing about either."""
+    second = dict(INSTANCE, instance="0-code", model_name="code", model_rank=1, port=8180,
+                  unit="llama-server@0-code.service", quant="Q6_K")
+    first = dict(INSTANCE, instance="0", model_name="chat", model_rank=0)
+    shared = {"other_models_bytes": 6 * GIB, "predicted_used_bytes": int(27.41 * GIB)}
+    plans = [dict(PLAN, instance="0", model_name="chat",
+                  memory=dict(PLAN["memory"], predicted_process_bytes=20 * GIB, **shared)),
+             dict(PLAN, instance="0-code", model_name="code", quant="Q6_K",
+                  memory=dict(PLAN["memory"], predicted_process_bytes=6 * GIB,
+                              **dict(shared, other_models_bytes=20 * GIB)))]
+    gpu = dict(GPU, health={"processes_read": True, "processes": [
+        {"pid": 101, "name": "llama-server", "used_bytes": int(19.9 * GIB)},
+        {"pid": 202, "name": "llama-server", "used_bytes": int(6.1 * GIB)}]})
+    tests = [{"rc": 0, "stdout": json.dumps(synthetic_loadtest()), "pid": "101"},
+             {"rc": 0, "stdout": json.dumps(synthetic_loadtest(single=30.0)), "pid": "202"}]
+    rec = vr.verify_host_record("gpu01", [second, first], plans, [gpu], tests[::-1], [None, None], CUDA_BUILD, 0.25)
+    code, chat = rec["instances"]
+    assert (code["instance"], code["model_name"], chat["instance"], chat["model_name"]) == ("0-code", "code", "0",
+                                                                                          "chat")
+    assert code["vram"]["scope"] == "process" and code["vram"]["pid"] == "202"
+    assert code["vram"]["measured_used_bytes"] == int(6.1 * GIB)
+    assert code["vram"]["predicted_used_bytes"] == 6 * GIB
+    assert code["vram"]["measured_over_predicted"] == round(6.1 / 6, 4)
+    assert chat["vram"]["measured_over_predicted"] == round(19.9 / 20, 4)
+    assert code["quant"] == "Q6_K"
+    assert "GPU 0 code :8180" in rec["summary"] and "GPU 0 chat :8080" in rec["summary"]
+    # a PID NVML does not list: no ratio, and the record says why
+    gone = vr.verify_host_record("gpu01", [second], plans, [gpu], [dict(tests[1], pid="999")], [None], CUDA_BUILD, 0.25)
+    assert gone["instances"][0]["vram"]["measured_over_predicted"] is None
+    assert "PID 999" in gone["instances"][0]["vram"]["note"]
+
+
 def test_below_the_fraction_is_flagged_not_an_error():
     rec = record(synthetic_loadtest(single=20.0), min_fraction=0.5)
     inst = rec["instances"][0]

@@ -22,6 +22,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 
 from ansible.module_utils.llama_flags import PLAN_FLAGS, RUN_FLAGS, SERVER, plan_flags, run_flag  # noqa: E402
 from ansible.module_utils.filter_input import FilterInputError, guard_filters, short  # noqa: E402
+from ansible.module_utils.fleet_instances import instance_id, instance_port  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
 # default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
@@ -94,20 +95,34 @@ def llama_server_health_retries(model_bytes, base_s, per_gib_s, delay_s):
     return int(math.ceil(seconds / float(delay_s)))
 
 
-def llama_server_instance(plan, base_port, build_key="", fingerprints=None):
+def llama_server_instance_id(plan):
+    """The systemd instance of a plan (llama-server@<id>; module_utils/fleet_instances)."""
+    return instance_id(plan)
+
+
+def llama_server_port(plan, base_port, model_port_step=100):
+    """The port of a plan's instance (module_utils/fleet_instances)."""
+    return instance_port(plan, base_port, model_port_step)
+
+
+def llama_server_instance(plan, base_port, build_key="", fingerprints=None, model_port_step=100):
     """What the local fact records of one instance (build_key: the llama.cpp build
-    it runs, which the llama_cpp stage never prunes; fingerprints: {gpu index:
+    it runs, which the llama_cpp stage never prunes; fingerprints: {instance id:
     hash of what it serves: drop-in, unit template, API key})."""
     keys = ("gpu_index", "gpu_uuid", "model_path", "quant", "ctx_size", "parallel", "cache_type_k", "cache_type_v")
     entry = {key: plan.get(key) for key in keys}
+    instance = instance_id(plan)
+    entry["instance"] = instance
+    entry["model_name"] = plan.get("model_name") or ""
+    entry["model_rank"] = int(plan.get("model_rank") or 0)
     # every GPU the instance uses (a split plan: more than one)
     entry["gpu_indices"] = plan.get("gpu_indices") or [plan.get("gpu_index")]
     entry["gpu_uuids"] = plan.get("gpu_uuids") or [plan.get("gpu_uuid")]
     entry["split_mode"] = plan.get("split_mode") or "none"
-    entry["port"] = int(base_port) + int(plan["gpu_index"])
-    entry["unit"] = "llama-server@%s.service" % plan["gpu_index"]
+    entry["port"] = instance_port(plan, base_port, model_port_step)
+    entry["unit"] = "llama-server@%s.service" % instance
     entry["build_key"] = build_key
-    entry["fingerprint"] = (fingerprints or {}).get(str(plan["gpu_index"]))
+    entry["fingerprint"] = (fingerprints or {}).get(instance)
     return entry
 
 
@@ -212,6 +227,8 @@ def llama_server_systemd_version(systemctl_version):
 _KINDS = {
     "llama_server_args": {"plan": "dict", "options": "dict", "supported_flags": "list?"},
     "llama_server_instance": {"plan": "dict", "fingerprints": "dict?"},
+    "llama_server_instance_id": {"plan": "dict"},
+    "llama_server_port": {"plan": "dict"},
     "llama_server_environment": {"llama_cpp_fact": "dict?"},
 }
 
@@ -221,6 +238,8 @@ class FilterModule(object):
         return guard_filters({
             "llama_server_args": llama_server_args,
             "llama_server_instance": llama_server_instance,
+            "llama_server_instance_id": llama_server_instance_id,
+            "llama_server_port": llama_server_port,
             "llama_server_health_retries": llama_server_health_retries,
             "llama_server_environment": llama_server_environment,
             "llama_server_cpu_list": llama_server_cpu_list,

@@ -19,6 +19,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
+from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 
 
 def llama_server_dropin_build(text):
@@ -33,18 +34,21 @@ def llama_server_record_rollback(fact, rolled_back, fingerprints=None):
     """The llama_server fact with the switched-back instances' build and fingerprint,
     and its summary saying so."""
     fact = dict(fact or {})
-    back = dict((int(r["gpu_index"]), r) for r in rolled_back or [])
+    # an instance is named by its id (several models share a GPU); a record of before by its GPU
+    back = dict((instance_id(r), r) for r in rolled_back or [])
     instances = []
     for entry in fact.get("instances") or []:
         entry = dict(entry)
-        if int(entry.get("gpu_index", -1)) in back:
+        if instance_id(entry) in back:
             refused = entry.get("build_key")
-            entry["build_key"] = back[int(entry["gpu_index"])]["build_key"]
-            entry["fingerprint"] = (fingerprints or {}).get(str(entry["gpu_index"]), entry.get("fingerprint"))
+            entry["build_key"] = back[instance_id(entry)]["build_key"]
+            entry["fingerprint"] = (fingerprints or {}).get(instance_id(entry), entry.get("fingerprint"))
             entry["rolled_back_from"] = refused
         instances.append(entry)
     fact["instances"] = instances
-    notes = ["GPU %s switched back to build %s" % (r["gpu_index"], r["build_key"]) for r in rolled_back or []]
+    notes = ["GPU %s%s switched back to build %s" % (
+        r["gpu_index"], " (%s)" % r["model_name"] if r.get("model_rank") else "", r["build_key"])
+        for r in rolled_back or []]
     fact["summary"] = "%s; %s (the rollout's speed gate refused the change)" % (
         str(fact.get("summary") or "").rstrip(), ", ".join(notes)) if notes else fact.get("summary")
     return fact

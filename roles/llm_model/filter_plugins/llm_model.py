@@ -37,6 +37,7 @@ from ansible.module_utils.gpu_health import FOREIGN_POLICIES, foreign_processes 
 from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
 from ansible.module_utils.plan_explain import plan_summary  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
+from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -139,17 +140,17 @@ def _check_shards(files, where):
               % (where, len(files), len(files), len(files), ", ".join(names)))
 
 
-def llm_model_entries(catalogue, model_dir):
+def llm_model_entries(catalogue, model_dir, name="llm_model_catalogue"):
     """Check the catalogue; return one entry per quantization:
     {index, quant, size_bytes (what the plan budgets), metadata, files, model_path,
-    model_files, warnings}."""
+    model_files, warnings}. `name` is what errors call the catalogue."""
     if not isinstance(catalogue, list) or not catalogue:
-        _fail("llm_model_catalogue must list the model's quantization files (quant, url or hf_repo + hf_file, "
-              "sha256, size_bytes, metadata); it is %r" % (catalogue,))
+        _fail("%s must list the model's quantization files (quant, url or hf_repo + hf_file, "
+              "sha256, size_bytes, metadata); it is %r" % (name, catalogue))
     model_dir = str(model_dir).rstrip("/") or "/"
     entries, quants, dests = [], {}, {}
     for index, raw in enumerate(catalogue):
-        where = "llm_model_catalogue[%d]" % index
+        where = "%s[%d]" % (name, index)
         if not isinstance(raw, dict):
             _fail("%s must be a dict (quant, url or hf_repo + hf_file, sha256, size_bytes, metadata), got %r"
                   % (where, raw))
@@ -161,8 +162,8 @@ def llm_model_entries(catalogue, model_dir):
             _fail("%s has no quant: name its quantization (Q4_K_M, Q3_K_S, ...)" % where)
         where = "%s (%s)" % (where, quant)
         if quant.upper() in quants:
-            _fail("%s: quant %s is already llm_model_catalogue[%d]; each quantization once"
-                  % (where, quant, quants[quant.upper()]))
+            _fail("%s: quant %s is already %s[%d]; each quantization once"
+                  % (where, quant, name, quants[quant.upper()]))
         quants[quant.upper()] = index
         if raw.get("files") is not None:
             own = [k for k in _FILE_KEYS if k != "size_bytes" and raw.get(k)]
@@ -431,6 +432,120 @@ def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", mod
     }
 
 
+# A model's name names its systemd instances (llama-server@<gpu>-<name>), its front
+# backend and its /metrics path: what all three take.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+_MODELS_KEYS = ("name", "catalogue", "policy", "gpus", "load")
+
+
+def llm_model_served(models, catalogue, name, policy, model_dir):
+    """The models this host serves, in priority order: [{name, rank, entries, policy,
+    gpus}]. `models` is llm_model_models (several models); empty, the one-model form
+    (llm_model_catalogue, llm_model_name, llm_model_policy) is the only entry."""
+    if models in (None, "", []):
+        return [{"name": name or "", "rank": 0, "entries": llm_model_entries(catalogue, model_dir),
+                 "policy": policy or {}, "gpus": "every"}]
+    if not isinstance(models, list):
+        _fail("llm_model_models must be a list of {name, catalogue, policy, gpus, load}, got %r" % (models,))
+    if catalogue:
+        _fail("llm_model_catalogue and llm_model_models are both set: with several models each has its own "
+              "catalogue in llm_model_models; empty llm_model_catalogue")
+    served, names, dests = [], set(), {}
+    for rank, raw in enumerate(models):
+        where = "llm_model_models[%d]" % rank
+        if not isinstance(raw, dict):
+            _fail("%s must be a dict {name, catalogue, policy, gpus, load}, got %r" % (where, raw))
+        unknown = sorted(set(raw) - set(_MODELS_KEYS))
+        if unknown:
+            _fail("%s has unknown key(s) %s; known: %s" % (where, ", ".join(unknown), ", ".join(_MODELS_KEYS)))
+        model = str(raw.get("name") or "")
+        if not _MODEL_NAME.match(model):
+            _fail("%s.name is %r: a model's name names its instances, front backend and metrics path; use up to "
+                  "40 letters, digits, '_', '-' or '.', starting with a letter or digit (chat, embed, qwen2.5-coder)"
+                  % (where, raw.get("name")))
+        if model.lower() in names:
+            _fail("%s.name %s is used twice: each model needs its own name" % (where, model))
+        names.add(model.lower())
+        load = raw.get("load", "resident")
+        if load != "resident":
+            _fail("%s (%s): load is %r; only resident models are planned and served (models loaded on demand, "
+                  "through llama-server's router mode, are not supported yet): set load: resident or leave it out"
+                  % (where, model, load))
+        gpus = raw.get("gpus", "every" if rank == 0 else 1)
+        if gpus != "every" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+            _fail("%s (%s): gpus is %r; use every (an instance on each GPU) or a whole number >= 1" % (where, model,
+                                                                                                      gpus))
+        policy_m = raw.get("policy")
+        policy_m = {} if policy_m is None else policy_m
+        if not isinstance(policy_m, dict):
+            _fail("%s (%s): policy must be a dict (llama_plan's policy), got %r" % (where, model, policy_m))
+        entries = llm_model_entries(raw.get("catalogue"), model_dir, "%s.catalogue" % where)
+        for entry in entries:
+            for f in entry["files"]:
+                seen = dests.setdefault(f["dest"], (model, f["sha256"]))
+                if seen[0] != model and seen[1] != f["sha256"]:
+                    _fail("%s (%s): file %s is also model %s's file, with another sha256: give one of them another "
+                          "name" % (where, model, f["dest"], seen[0]))
+        served.append({"name": model, "rank": rank, "entries": entries, "policy": policy_m, "gpus": gpus})
+    return served
+
+
+def _of_model(plans, name):
+    return [p for p in plans or [] if p.get("model_name", name) == name]
+
+
+def llm_model_plan_models(served, plans=None):
+    """llama_plan's models option for the served models (their candidates as
+    llm_model_candidates gives them: before the download every entry, after it the
+    ones the first plans chose)."""
+    return [{"name": m["name"], "policy": m["policy"], "gpus": m["gpus"],
+             "candidates": llm_model_candidates(m["entries"], None if plans is None else _of_model(plans, m["name"]))}
+            for m in served]
+
+
+def llm_model_fetch_all(served, plans):
+    """model_fetch's files for every served model's chosen entries (a file two models
+    share is fetched once)."""
+    files, seen = [], set()
+    for model in served:
+        for item in llm_model_fetch_files(model["entries"], _of_model(plans, model["name"])):
+            if item["name"] not in seen:
+                seen.add(item["name"])
+                files.append(item)
+    return files
+
+
+def llm_model_records(plans, served, fetched, fit_results=None, fit_tool="", model_dir="", choice=None,
+                      previews=None):
+    """llm_model_record for each served model, joined: the plans of every model, each
+    with model_name, model_rank and instance; `models` one line per model."""
+    fits = (fit_results or {}).get("results") or []
+    records = []
+    several = len(served) > 1
+    for model in served:
+        name = model["name"]
+        mine = _of_model(plans, name)
+        record = llm_model_record(
+            mine, model["entries"], fetched,
+            {"results": [r for r in fits if (r.get("item") or {}).get("model_name", name) == name]},
+            fit_tool, name, model_dir, model["policy"] if several else (choice or {}).get("policy") or model["policy"],
+            {"plans": _of_model((choice or {}).get("plans"), name)}, previews if model["rank"] == 0 else None)
+        for plan in record["plans"]:
+            plan["model_name"] = record["model"]
+            plan["model_rank"] = model["rank"]
+            plan["instance"] = instance_id(plan, record["model"], model["rank"])
+        records.append(record)
+    first = records[0]
+    if not several:
+        first["models"] = [{"name": first["model"], "rank": 0, "summary": first["summary"]}]
+        return first
+    return dict(first, plans=[p for r in records for p in r["plans"]],
+                models=[{"name": r["model"], "rank": i, "policy": r["policy"], "summary": r["summary"]}
+                        for i, r in enumerate(records)],
+                summary=" || ".join("%s: %s" % (r["model"], r["summary"]) for r in records),
+                placement=(choice or {}).get("placement") or {})
+
+
 _KINDS = {
     "llm_model_candidates": {"entries": "dicts", "plans": "dicts?"},
     "llm_model_fetch_files": {"entries": "dicts", "plans": "dicts?"},
@@ -442,6 +557,11 @@ _KINDS = {
         "plans": "dicts", "entries": "dicts", "fetched": "dict?", "fit_results": "dict?", "policy": "dict?",
         "choice": "dict?", "previews": "dicts?"},
     "llm_model_preview_lines": {"results": "dicts?"},
+    "llm_model_served": {"models": "dicts?", "catalogue": "dicts?", "policy": "dict?"},
+    "llm_model_plan_models": {"served": "dicts", "plans": "dicts?"},
+    "llm_model_fetch_all": {"served": "dicts", "plans": "dicts"},
+    "llm_model_records": {"plans": "dicts", "served": "dicts", "fetched": "dict?", "fit_results": "dict?",
+                          "choice": "dict?", "previews": "dicts?"},
 }
 
 
@@ -456,6 +576,10 @@ class FilterModule(object):
             "llm_model_fit_argv": llm_model_fit_argv,
             "llm_model_fit_estimate": llm_model_fit_estimate,
             "llm_model_record": llm_model_record,
+            "llm_model_served": llm_model_served,
+            "llm_model_plan_models": llm_model_plan_models,
+            "llm_model_fetch_all": llm_model_fetch_all,
+            "llm_model_records": llm_model_records,
             "llm_model_preview_lines": llm_model_preview_lines,
             "llm_model_progress_line": llm_model_progress_line,
         }, _KINDS)

@@ -22,6 +22,7 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
+from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 from ansible.module_utils.plan_speed import calibration_record  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
@@ -44,6 +45,10 @@ def _level(report, concurrency):
 
 
 def _find_plan(plans, instance):
+    if instance.get("instance") not in (None, ""):
+        for plan in plans or []:
+            if plan.get("instance") not in (None, "") and instance_id(plan) == instance_id(instance):
+                return plan
     for plan in plans or []:
         if instance.get("gpu_uuid") and plan.get("gpu_uuid") == instance.get("gpu_uuid"):
             return plan
@@ -124,6 +129,16 @@ def _split_vram(memory, gpus, gpu_backend):
                       "measured_over_predicted": round(float(used) / predicted, 4)
                       if gpu_backend and used and predicted else None})
     return measured, cards
+
+
+def _process_vram(gpu, pid):
+    """The card's compute process of this PID ({pid, name, used_bytes}), or None."""
+    if not pid:
+        return None
+    for proc in ((gpu or {}).get("health") or {}).get("processes") or []:
+        if str(proc.get("pid")) == str(pid):
+            return proc
+    return None
 
 
 def _idle_cards(instance, plan, gpu, gpus):
@@ -211,9 +226,14 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
     if predicted is None and memory.get("total_bytes") is not None:
         predicted = memory["total_bytes"] - (memory.get("headroom_bytes") or 0)
     used = gpu.get("memory_used_bytes")
-    per_gpu = None
+    per_gpu, process = None, None
     if memory.get("per_gpu"):
         used, per_gpu = _split_vram(memory, gpus or [gpu], gpu_backend)
+    elif memory.get("other_models_bytes"):
+        # other models' instances share the card: this process's own memory (NVML, by the
+        # PID that served the load test) against what the plan gave the process alone
+        process = _process_vram(gpu, (loadtest or {}).get("pid"))
+        used, predicted = (process or {}).get("used_bytes"), memory.get("predicted_process_bytes")
     vram = {
         "measured_used_bytes": used,
         "total_bytes": gpu.get("memory_total_bytes"),
@@ -225,7 +245,15 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
     }
     if per_gpu is not None:
         vram["per_gpu"] = per_gpu
+    if memory.get("other_models_bytes"):
+        vram["scope"] = "process"
+        vram["pid"] = (loadtest or {}).get("pid")
+        if process is None and gpu_backend:
+            vram["note"] = "the process (PID %s) was not among the card's compute processes (NVML)" % vram["pid"]
     return {
+        "instance": instance_id(instance) if instance.get("gpu_index") is not None else instance.get("instance"),
+        "model_name": instance.get("model_name") or plan.get("model_name") or "",
+        "model_rank": int(instance.get("model_rank") or 0),
         "gpu_index": instance.get("gpu_index"),
         "gpu_uuid": instance.get("gpu_uuid"),
         "gpu_indices": instance.get("gpu_indices") or plan.get("gpu_indices") or [instance.get("gpu_index")],
@@ -294,9 +322,11 @@ def verify_host_record(host, instances, plans, gpus, loadtests, benches, llama_c
             not_calibrated.append("%s GPU %s: %s" % (host, record["gpu_index"], why_not))
     errors = [p for r in records for p in r["errors"]]
     flagged = [r for r in records if r["flagged"]]
+    several = any(r["model_rank"] for r in records)
     parts = []
     for r in records:
-        text = "GPU %s :%s %s %s tok/s 1-stream" % (r["gpu_index"], r["port"], r["quant"] or "",
+        text = "GPU %s%s :%s %s %s tok/s 1-stream" % (r["gpu_index"], " %s" % r["model_name"] if several else "",
+                                                      r["port"], r["quant"] or "",
                                                       r["single_stream_tps"] if r["single_stream_tps"] is not None
                                                       else "?")
         if r["ceiling_ratio"] is not None:

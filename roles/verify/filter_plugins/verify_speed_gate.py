@@ -18,6 +18,7 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
+from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 from ansible.module_utils.speed_gate import check_min_ratio, judge  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
@@ -35,12 +36,13 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
     except ValueError as err:
         raise AnsibleFilterError("verify_speed_gate_min_ratio: %s" % err)
     build = ((record or {}).get("llama_cpp") or {}).get("build_key")
-    fingerprints = dict((str(i.get("gpu_index")), i.get("fingerprint")) for i in served or [])
+    # keyed by instance (several models share a GPU); the first model's is its GPU's index, as before
+    fingerprints = dict((instance_id(i), i.get("fingerprint")) for i in served or [])
     previous = dict((str(k), v) for k, v in (accepted or {}).items())
     baselines = (calibration or {}).get("baselines") or []
     verdicts, now_accepted = [], {}
     for inst in (record or {}).get("instances") or []:
-        index = str(inst.get("gpu_index"))
+        index = instance_id(inst)
         fingerprint = fingerprints.get(index)
         gated = bool(enabled) and fingerprint is not None and previous.get(index) != fingerprint
         verdict = judge(inst, baselines, min_ratio, gated=gated, build=build)
