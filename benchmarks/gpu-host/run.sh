@@ -36,6 +36,9 @@
 # with AFFINITY_ARGS (e.g. "--turns 9 --turn-tokens 1300": a history past 8k tokens needs
 # a policy whose slots hold it, POLICY='{"target_ctx": 65536}');
 # SKIP_SETTLED=1: leave out the two settled comparisons.
+# MODELS=1: two models on the card (issue 35, llm_model_models): the 32B-shaped one ("chat",
+# POLICY) and a small one ("small": the same shape with SMALL_LAYERS=6 layers, 8k context, one
+# slot); both rendered ExecStarts are started, and verify measures both, each process's memory.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$REPO/benchmarks/gpu-host
@@ -69,6 +72,16 @@ if [ ! -f "$MODEL" ]; then
 else
   MODEL_PID=
 fi
+SMALL=${SMALL:-/var/lib/llm-fleet/staged/qwen2.5-32b-shape-${SMALL_LAYERS:-6}-layers-q4_k-random.gguf}
+SMALL_PID=
+if [ -n "${MODELS:-}" ] && [ ! -f "$SMALL" ]; then
+  ( PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" "$SMALL" --layers "${SMALL_LAYERS:-6}" \
+    && sha256sum "$SMALL" | cut -d' ' -f1 > "$SMALL.sha256" ) > "$OUT/model-write-small.log" 2>&1 &
+  SMALL_PID=$!
+fi
+# The stand-in systemctl answers `show` for the instances started below (their MainPID).
+export GPUHOST_PIDS=$WORK/pids
+rm -rf "$GPUHOST_PIDS"; mkdir -p "$GPUHOST_PIDS"
 
 # --- What an operator reads off this machine ---------------------------------------
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -104,6 +117,7 @@ echo "nvidia_stack(check) rc=$?" >> "$OUT/rc.txt"
 ANSIBLE_CACHE_PLUGIN_CONNECTION=$WORK/facts-check playbook playbooks/gpu_tuning.yml --check --diff > "$OUT/stage-gpu_tuning-check.log" 2>&1
 echo "gpu_tuning(check) rc=$?" >> "$OUT/rc.txt"
 [ -n "$MODEL_PID" ] && { wait "$MODEL_PID"; stamp "model written: $(tail -1 "$OUT/model-write.log")"; }
+[ -n "$SMALL_PID" ] && { wait "$SMALL_PID"; stamp "small model written: $(tail -1 "$OUT/model-write-small.log")"; }
 wait "$BUILD_PID"
 stamp "$(tail -1 "$OUT/rc.txt")"
 grep -A12 'TASK \[llama_cpp : Report the build\]' "$OUT/stage-llama_cpp.log" | head -20
@@ -124,6 +138,7 @@ fi
 
 # --- Model stage: the catalogue entry an operator writes for a staged file ----------
 sha=$(cat "$MODEL.sha256")
+if [ -z "${MODELS:-}" ]; then
 cat >> "$WORK/host-vars.yml" <<YML
 llm_model_catalogue:
   - quant: Q4_K
@@ -131,6 +146,18 @@ llm_model_catalogue:
     sha256: $sha
     size_bytes: $(stat -c %s "$MODEL")
 YML
+else
+cat >> "$WORK/host-vars.yml" <<YML
+llm_model_catalogue: []
+llm_model_models:
+  - name: chat
+    catalogue: [{quant: Q4_K, path: $MODEL, sha256: $sha, size_bytes: $(stat -c %s "$MODEL")}]
+    policy: ${POLICY:-{\}}
+  - name: small
+    catalogue: [{quant: Q4_K, path: $SMALL, sha256: $(cat "$SMALL.sha256"), size_bytes: $(stat -c %s "$SMALL")}]
+    policy: {target_ctx: 8192, target_parallel: 1}
+YML
+fi
 stamp "model stage (real)"
 playbook playbooks/model.yml > "$OUT/stage-model.log" 2>&1; echo "model rc=$?" | tee -a "$OUT/rc.txt"
 cp /etc/llm-fleet/plan.json "$OUT/plan.json" 2>/dev/null || { tail -60 "$OUT/stage-model.log"; exit 4; }
@@ -139,22 +166,35 @@ stamp "llama_server --check --diff (the drop-in it renders)"
 playbook playbooks/llama_server.yml --check --diff > "$OUT/stage-llama_server-check.log" 2>&1; echo "llama_server(check) rc=$?" | tee -a "$OUT/rc.txt"
 python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check.log" > "$OUT/units.json" || { tail -60 "$OUT/stage-llama_server-check.log"; exit 5; }
 
-# --- Start the rendered ExecStart with its Environment, then the load test ----------
-python3 - "$OUT/units.json" > "$WORK/start.sh" <<'PY'
+# --- Start the rendered ExecStarts with their Environment, then the load test ---------
+# One script per instance (llama-server@<key>): "0" is the first model's, as with one model.
+python3 - "$OUT/units.json" "$WORK" <<'PY'
 import json, shlex, sys
 units = json.load(open(sys.argv[1]))
-unit = units["0"]
-env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(unit["environment"].items()))
-print("exec env %s %s" % (env, unit["exec_start"]))
+for key, unit in units.items():
+    env = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(unit["environment"].items()))
+    with open("%s/start%s.sh" % (sys.argv[2], "" if key == "0" else "-" + key), "w") as handle:
+        handle.write("exec env %s %s\n" % (env, unit["exec_start"]))
 PY
-cat "$WORK/start.sh" | tee "$OUT/exec-start.sh"
-port=$(python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))["0"]["argv"]; print(a[a.index("--port")+1])' "$OUT/units.json")
-stamp "start llama-server on :$port"
-setsid bash "$WORK/start.sh" > "$OUT/llama-server.log" 2>&1 < /dev/null &
-SERVER_PID=$!
-health() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())' "http://127.0.0.1:$port/health" 2>/dev/null; }
-for _ in $(seq 1 180); do health >/dev/null && break; sleep 1; done
-stamp "health: $(health)"
+cat "$WORK"/start*.sh | tee "$OUT/exec-start.sh"
+unit_port() { python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[sys.argv[2]]["argv"]; print(a[a.index("--port")+1])' "$OUT/units.json" "$1"; }
+port=$(unit_port 0)
+health() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())' "http://127.0.0.1:$1/health" 2>/dev/null; }
+OTHER_PIDS=
+for key in $(python3 -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1])))))' "$OUT/units.json"); do
+  p=$(unit_port "$key")
+  stamp "start llama-server@$key on :$p"
+  if [ "$key" = 0 ]; then
+    setsid bash "$WORK/start.sh" > "$OUT/llama-server.log" 2>&1 < /dev/null &
+    SERVER_PID=$!; echo "$SERVER_PID" > "$GPUHOST_PIDS/llama-server@$key.service.pid"
+  else
+    setsid bash "$WORK/start-$key.sh" > "$OUT/llama-server-$key.log" 2>&1 < /dev/null &
+    echo "$!" > "$GPUHOST_PIDS/llama-server@$key.service.pid"; OTHER_PIDS="$OTHER_PIDS $!"
+  fi
+  # one at a time: each loads with the card as the plan left it for the next
+  for _ in $(seq 1 180); do health "$p" >/dev/null && break; sleep 1; done
+  stamp "health of :$p: $(health "$p")"
+done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$OUT/nvidia-smi-compute-apps.csv" 2>&1
 cat "$OUT/nvidia-smi-compute-apps.csv"
@@ -184,17 +224,22 @@ nvidia-smi --query-gpu=memory.used,power.draw,clocks.sm --format=csv >> "$OUT/gp
 # No systemd here, so the llama_server stage recorded no instance: the instance the
 # check run rendered is handed to verify (its documented override), and verify's
 # calibration goes where the next model run reads it.
-python3 - "$OUT/units.json" /etc/llm-fleet/plan.json "$port" "$OUT/reports" > "$WORK/verify-vars.yml" <<'PY'
+python3 - "$OUT/units.json" /etc/llm-fleet/plan.json "$OUT/reports" > "$WORK/verify-vars.yml" <<'PY'
 import json, sys
-units, plans, port = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["plans"], int(sys.argv[3])
-p = plans[0]
+units, plans = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["plans"]
+instances = []
+for p in plans:
+    key = str(p.get("instance", p["gpu_index"]))
+    argv = units[key]["argv"]
+    instances.append({"gpu_index": p["gpu_index"], "gpu_uuid": p["gpu_uuid"], "port": int(argv[argv.index("--port") + 1]),
+                      "unit": "llama-server@%s.service" % key, "quant": p["quant"], "instance": key,
+                      "model_name": p.get("model_name", ""), "model_rank": p.get("model_rank", 0),
+                      "ctx_size": p["ctx_size"], "parallel": p["parallel"], "cache_type_k": p["cache_type_k"],
+                      "cache_type_v": p["cache_type_v"], "model_path": p["model_path"]})
 print(json.dumps({
-    "verify_instances": [{"gpu_index": p["gpu_index"], "gpu_uuid": p["gpu_uuid"], "port": port,
-                          "unit": "llama-server@%s.service" % p["gpu_index"], "quant": p["quant"],
-                          "ctx_size": p["ctx_size"], "parallel": p["parallel"], "cache_type_k": p["cache_type_k"],
-                          "cache_type_v": p["cache_type_v"], "model_path": p["model_path"]}],
+    "verify_instances": instances,
     "verify_server_environment": units["0"]["environment"],
-    "verify_report_dir": sys.argv[4],
+    "verify_report_dir": sys.argv[3],
 }))
 PY
 echo "fleet_common_calibration_file: $OUT/decode-calibration.json" >> "$WORK/host-vars.yml"
@@ -228,6 +273,7 @@ done
 grep -h -A3 'Say which hosts the stages skip' "$OUT/settled-1.log" "$OUT/settled-2.log" | grep -v '^--' | tee "$OUT/settled.txt"
 python3 -c 'import json,sys; s=json.load(open("/var/lib/llm-fleet/settled.json")); print(json.dumps(s["gpus"], indent=1, sort_keys=True))' > "$OUT/settled-gpus.json" 2>&1
 kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
+for pid in $OTHER_PIDS; do kill -- -"$pid" 2>/dev/null || kill "$pid" 2>/dev/null; done
 
 # --- the model stage again: the next plan expects what verify measured ----------------
 cp /etc/llm-fleet/plan.json "$OUT/plan-before-calibration.json"
@@ -246,6 +292,9 @@ for name, p in (("plan before", before), ("plan after", after)):
         p["decode_efficiency"]["value"], p["decode_efficiency"]["from"], p["decode_efficiency"]["source"]))
 print("measured: 1 stream %s tok/s, all %s slots %s tok/s; VRAM %s" % (
     verify["single_stream_tps"], verify["parallel"], verify["aggregate_slots_tps"], verify["vram"]))
+for inst in json.load(open("/etc/ansible/facts.d/llm_fleet_verify.fact"))["instances"][1:]:
+    print("measured %s (%s): 1 stream %s tok/s; VRAM %s" % (inst.get("instance"), inst.get("model_name"),
+                                                           inst["single_stream_tps"], inst["vram"]))
 PY
 # Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
 # bundle of everything (the device tool brings back only a few files per call).

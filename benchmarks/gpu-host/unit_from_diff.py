@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read the llama_server role's check-mode --diff output and print, as JSON, what its
 systemd units would run: the drop-in's ExecStart and the Environment= of the unit
-template and the drop-in (systemd applies both), for each GPU index.
+template and the drop-in (systemd applies both), for each instance (llama-server@<key>).
 
     unit_from_diff.py llama_server-check.log > units.json
 """
@@ -59,17 +59,19 @@ def units(text):
     template = next((c for (_, src), c in files.items() if src.startswith("llama-server@.service")), "")
     out = {}
     for (task, src), content in sorted(files.items()):
-        match = re.search(r"GPU (\d+)$", task)
+        # "GPU 0", or "GPU 0 (small)" for a model after the first (llama-server@0-small)
+        match = re.search(r"GPU (\d+)(?: \(([^)]+)\))?$", task)
         if not src.startswith("plan.conf") or not match:
             continue
-        path = "/etc/systemd/system/llama-server@%s.service.d/plan.conf" % match.group(1)
+        key = match.group(1) if not match.group(2) else "%s-%s" % (match.group(1), match.group(2))
+        path = "/etc/systemd/system/llama-server@%s.service.d/plan.conf" % key
         exec_start = [v for v in service_lines(content, "ExecStart") if v]
         env = {}
         for value in service_lines(template, "Environment") + service_lines(content, "Environment"):
             for assignment in systemd_words(value):
                 name, _, val = assignment.partition("=")
                 env[name] = val
-        out[match.group(1)] = {"dropin": path, "exec_start": exec_start[-1] if exec_start else None,
+        out[key] = {"dropin": path, "exec_start": exec_start[-1] if exec_start else None,
                                "argv": systemd_words(exec_start[-1]) if exec_start else [],
                                "environment": env, "dropin_text": content}
     return out
