@@ -25,6 +25,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.plan_speed import CALIBRATION_VERSION, merge_calibration  # noqa: E402
+from ansible.module_utils.speculation import merge_verdicts  # noqa: E402
 from ansible.module_utils.speed_gate import merge_baselines  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
@@ -59,10 +60,16 @@ def llm_fleet_baselines_merge(calibration, gates, measured_at=None):
     replacing that card's older entry for the same configuration."""
     out = dict(calibration or {})
     baselines = out.get("baselines") or []
+    speculation = out.get("speculation") or []
     for item in gates or []:
         baselines = merge_baselines(baselines, item.get("host"), (item.get("gate") or {}).get("verdicts"), measured_at)
+        # whether speculative decoding paid, which the next plan follows (module_utils/speculation.py)
+        speculation = merge_verdicts(speculation, item.get("host"), (item.get("gate") or {}).get("speculation"),
+                                     measured_at)
     if baselines:
         out["baselines"] = baselines
+    if speculation:
+        out["speculation"] = speculation
     return out
 
 

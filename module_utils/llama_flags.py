@@ -38,13 +38,17 @@ PLAN_FLAGS = (
     # the prompt cache in host RAM (MiB) and how much of a slot's prompt a request must share to get it
     ("cache_ram_mib", "--cache-ram", "-cram", (SERVER,)),
     ("slot_prompt_similarity", "--slot-prompt-similarity", "-sps", (SERVER,)),
+    # speculative decoding, where verify measured it pays (module_utils/speculation.py)
+    ("spec_type", "--spec-type", "--spec-type", (SERVER,)),
 )
 
 # Plan keys whose flag takes no value: present when the plan's value is true. A plan
 # recorded before the key existed runs without it.
 _SWITCH_KEYS = ("backend_sampling",)
 # Plan keys a plan recorded before them lacks: such a plan runs with llama.cpp's default.
-_OPTIONAL_KEYS = ("cache_ram_mib", "slot_prompt_similarity")
+_OPTIONAL_KEYS = ("cache_ram_mib", "slot_prompt_similarity", "spec_type")
+# ... and the value that means llama.cpp's default, left off the command line
+_OFF_VALUES = {"spec_type": "none"}
 
 # Flags of llama-server that are no plan key, (name, long flag, short flag): the thread
 # count (decode and batch alike), and llama.cpp's own fitting, which the server runs
@@ -104,7 +108,7 @@ def plan_flags(plan, program, short=False):
         elif key == "flash_attn":  # plans recorded before it was planned ran with it on
             value = flash_attn_value(plan.get(key, True), program)
         elif key in _OPTIONAL_KEYS:
-            if plan.get(key) is None:
+            if plan.get(key) is None or (key in _OFF_VALUES and plan[key] == _OFF_VALUES[key]):
                 continue
             value = "%g" % plan[key] if isinstance(plan[key], float) else str(plan[key])
         else:

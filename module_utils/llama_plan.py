@@ -13,6 +13,7 @@ __metaclass__ = type
 from ansible.module_utils.gguf_model import KV_CACHE_TYPES, round_up
 from ansible.module_utils.input_schema import LLAMA_MAX_SEQ, SchemaError, check_gpus, number
 from ansible.module_utils.llama_flags import SERVER, plan_argv, run_flag
+from ansible.module_utils.speculation import SPEC_TYPES, plan_speculation
 from ansible.module_utils.plan_explain import (
     budget_table, candidate_verdicts, no_fit_message, plan_reason, plan_summary)
 from ansible.module_utils.plan_memory import (
@@ -70,6 +71,10 @@ DEFAULT_POLICY = {
     # how much of a slot's cached prompt a request must share to be given that slot
     # (--slot-prompt-similarity, llama.cpp's default 0.1; 0 turns the preference off)
     "slot_prompt_similarity": 0.1,
+    # speculative decoding (llama-server --spec-type): none, or ngram-mod (drafts from the
+    # context's n-grams, no extra weights); served only where verify measured that it pays
+    # (module_utils/speculation.py)
+    "speculative": "none",
 }
 
 # whole-number keys and their upper bounds: slots are sequences, and llama.cpp refuses
@@ -184,6 +189,9 @@ def normalize_policy(policy):
     if out["batch_size"] < out["ubatch_size"]:
         raise PlanError("policy.batch_size (%d) must be at least policy.ubatch_size (%d)"
                         % (out["batch_size"], out["ubatch_size"]))
+    if out["speculative"] not in SPEC_TYPES:
+        raise PlanError("policy.speculative must be one of %s, got %r (a draft model, -md, is not planned yet: its "
+                        "weights and KV would have to be budgeted)" % (", ".join(SPEC_TYPES), out["speculative"]))
     return out
 
 
@@ -553,6 +561,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "memory": memory,
         "warnings": warnings,
     }
+    plan["spec_type"], spec_reason = plan_speculation(plan, policy["speculative"], calibration)
     plan["server_args"] = _server_args(plan)
     plan["reason"] = plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial)
     if plan["backend_sampling"]:
@@ -560,6 +569,8 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
                            "on the CPU one slot after another between decode steps." % (
                                "the throughput objective's default" if policy["backend_sampling"] == "auto"
                                else "policy.backend_sampling"))
+    if spec_reason:
+        plan["reason"] += " " + spec_reason
     if first_token["ttft_s"] is not None:
         plan["reason"] += (" First token: a prompt of %d tokens (the planned fill) takes about %.1f s at %.0f tok/s "
                            "of prompt (%s)." % (first_token["prompt_tokens"], first_token["ttft_s"],

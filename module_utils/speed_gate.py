@@ -56,7 +56,7 @@ def config_key(record):
     """What must be equal for two measurements to be compared: the card, the
     weight type and the shape of the service (slots, context, KV type, split),
     and how long each measured request was."""
-    return {
+    key = {
         "gpu_name": record.get("gpu_name"),
         "quant": record.get("quant"),
         "ctx_size": record.get("ctx_size"),
@@ -65,6 +65,11 @@ def config_key(record):
         "split_mode": record.get("split_mode") or "none",
         "n_predict": record.get("n_predict"),
     }
+    # speculative decoding is another configuration (module_utils/speculation.py); without
+    # it the key is what it has always been, so earlier baselines still compare
+    if record.get("spec_type") not in (None, "none"):
+        key["spec_type"] = record["spec_type"]
+    return key
 
 
 def _median(values):
@@ -73,13 +78,14 @@ def _median(values):
     return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2.0
 
 
-def baseline_for(record, baselines):
+def baseline_for(record, baselines, names=None):
     """{figure: (median, count)} of the accepted measurements with the same
-    configuration key, from every card of that name in the fleet."""
+    configuration key, from every card of that name in the fleet (names: the
+    figures, default the gated ones)."""
     key = config_key(record)
     same = [b for b in baselines or [] if isinstance(b, dict) and b.get("config") == key]
     out = {}
-    for name, _ in FIGURES:
+    for name in names or [n for n, _ in FIGURES]:
         values = [float(b["figures"][name]) for b in same
                   if isinstance(b.get("figures"), dict) and isinstance(b["figures"].get(name), (int, float))
                   and b["figures"][name] > 0]
@@ -110,6 +116,8 @@ def judge(record, baselines, min_ratio=DEFAULT_MIN_RATIO, gated=True, build=None
     (some figure below min_ratio of its baseline, or the measurement failed)."""
     ratio_floor = check_min_ratio(min_ratio)
     figures = dict((name, _figure(record, name)) for name, _ in FIGURES)
+    # kept with the baseline, not gated: what speculative decoding is judged against
+    figures["ttft_at_slots_s"] = _figure(record, "ttft_at_slots_s")
     out = {"gpu_index": record.get("gpu_index"), "gpu_uuid": record.get("gpu_uuid"), "gated": bool(gated),
            "config": config_key(record), "figures": figures, "build": build, "checks": []}
     label = "GPU %s" % record.get("gpu_index")

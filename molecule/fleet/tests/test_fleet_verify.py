@@ -100,7 +100,8 @@ def test_the_cpu_figures_do_not_calibrate_the_fleet():
         content = json.load(handle)
     # beside the (empty) decode records, the rollout's speed baselines (test_upgrade.py)
     assert (content["version"], content["records"]) == (1, [])
-    assert set(content) <= {"version", "records", "baselines"}
+    # and whether speculative decoding paid where a policy asked for it (test_speculation.py)
+    assert set(content) <= {"version", "records", "baselines", "speculation"}
     for name in HOSTS:
         record = json.loads(node(name).file("/etc/ansible/facts.d/llm_fleet_verify.fact").content_string)
         assert record["calibration"] == []

@@ -111,6 +111,7 @@ def llama_server_instance(plan, base_port, build_key="", fingerprints=None, mode
     hash of what it serves: drop-in, unit template, API key})."""
     keys = ("gpu_index", "gpu_uuid", "model_path", "quant", "ctx_size", "parallel", "cache_type_k", "cache_type_v")
     entry = {key: plan.get(key) for key in keys}
+    entry["spec_type"] = plan.get("spec_type") or "none"
     instance = instance_id(plan)
     entry["instance"] = instance
     entry["model_name"] = plan.get("model_name") or ""

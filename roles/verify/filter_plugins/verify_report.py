@@ -267,6 +267,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "parallel": slots,
         "cache_type_k": instance.get("cache_type_k"),
         "cache_type_v": instance.get("cache_type_v"),
+        # speculative decoding the instance served with (none, ngram-mod)
+        "spec_type": instance.get("spec_type") or plan.get("spec_type") or "none",
         "n_predict": lt.get("n_predict"),
         "single_stream_tps": _num(single, 2),
         "ttft_s": _num(one.get("ttft_s_mean"), 3),

@@ -19,11 +19,12 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
-from ansible.module_utils.speed_gate import check_min_ratio, judge  # noqa: E402
+from ansible.module_utils.speculation import check_min_gain, speculation_verdict  # noqa: E402
+from ansible.module_utils.speed_gate import baseline_for, check_min_ratio, config_key, judge  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 
-def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enabled=True):
+def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enabled=True, spec_min_gain=0.05):
     """record: this run's verify record of the host; served: the llama_server
     fact's instances (each with the fingerprint of what it serves); accepted:
     {gpu index: fingerprint} the previous verify fact accepted; calibration: the
@@ -35,6 +36,10 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
         check_min_ratio(min_ratio)
     except ValueError as err:
         raise AnsibleFilterError("verify_speed_gate_min_ratio: %s" % err)
+    try:
+        check_min_gain(spec_min_gain)
+    except ValueError as err:
+        raise AnsibleFilterError("verify_speculation_min_gain: %s" % err)
     build = ((record or {}).get("llama_cpp") or {}).get("build_key")
     # keyed by instance (several models share a GPU); the first model's is its GPU's index, as before
     fingerprints = dict((instance_id(i), i.get("fingerprint")) for i in served or [])
@@ -56,6 +61,18 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
         elif index in previous:
             now_accepted[index] = previous[index]
     refused = [v for v in verdicts if v["verdict"] == "refuse"]
+    # speculative decoding against its configuration's baseline without it (module_utils/speculation.py)
+    speculation = []
+    for inst, verdict in zip((record or {}).get("instances") or [], verdicts):
+        plain = dict(inst, spec_type="none", n_predict=inst.get("n_predict"))
+        base = dict((name, value) for name, (value, _) in baseline_for(
+            plain, baselines, ("single_stream_tps", "all_slots_decode_tps", "ttft_at_slots_s")).items())
+        spec = speculation_verdict(dict(inst, all_slots_decode_tps=verdict["figures"].get("all_slots_decode_tps")),
+                                   base, spec_min_gain, "GPU %s%s" % (inst.get("gpu_index"), " %s" % inst["model_name"]
+                                                                     if inst.get("model_rank") else ""))
+        if spec:
+            speculation.append(dict(spec, gpu_uuid=inst.get("gpu_uuid"), instance=instance_id(inst),
+                                    config=config_key(plain)))
     return {
         "enabled": bool(enabled),
         "min_ratio": float(min_ratio),
@@ -64,7 +81,8 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
         "refused": [v["gpu_index"] for v in refused],
         "verdicts": verdicts,
         "accepted": now_accepted,
-        "messages": [v["message"] for v in verdicts if v["gated"]],
+        "messages": [v["message"] for v in verdicts if v["gated"]] + [v["message"] for v in speculation],
+        "speculation": speculation,
     }
 
 

@@ -1,0 +1,133 @@
+# -*- coding: utf-8 -*-
+"""Speculative decoding, kept only where verify measured that it pays (issue 35).
+
+The policy asks for it (policy.speculative: ngram-mod, llama-server's --spec-type
+ngram-mod: drafts from n-grams of the context, no extra weights, so no memory to
+budget). Whether it serves is decided from measurements on the same card name and
+configuration, kept in the fleet's calibration file beside the speed baselines:
+
+1. No measurement of the configuration without speculation yet: planned off, so
+   this run's verify measures that baseline (the speed gate records it).
+2. A baseline and no verdict: planned on, a trial; verify compares what the instance
+   serves with the baseline and records the verdict (`speculation` in the file).
+3. A verdict: on where it paid, off where it did not, the plan saying which and why.
+
+It pays when single-stream decode gains at least min_gain over the baseline and,
+with every planned slot busy, decode loses no more than min_gain and the first
+token waits no more than min_gain longer (speculation usually loses there: the
+drafts take batch room from the other slots).
+
+Pure functions, imported by the planner (a module) and verify's filters."""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+SPEC_TYPES = ("none", "ngram-mod")
+DEFAULT_MIN_GAIN = 0.05
+# what must be equal for the planner to read a measurement as this plan's (the speed
+# gate's configuration key without the load test's request length, which the planner
+# does not know)
+PLAN_KEYS = ("gpu_name", "quant", "ctx_size", "parallel", "cache_type_k", "split_mode")
+
+
+def spec_type(record):
+    value = (record or {}).get("spec_type")
+    return value if value in SPEC_TYPES else "none"
+
+
+def _plan_config(config):
+    return dict((k, (config or {}).get(k) if k != "split_mode" else (config or {}).get(k) or "none")
+                for k in PLAN_KEYS)
+
+
+def _same(config, plan):
+    return _plan_config(config) == _plan_config(plan)
+
+
+def check_min_gain(value):
+    try:
+        gain = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("the speculation gate's min_gain is %r: give a number from 0 to 10 (0.05: speculation "
+                         "must add 5%% to single-stream decode)" % (value,))
+    if not 0 <= gain <= 10:
+        raise ValueError("the speculation gate's min_gain is %r: give a number from 0 to 10 (0.05: speculation "
+                         "must add 5%% to single-stream decode)" % (value,))
+    return gain
+
+
+def plan_speculation(plan, wanted, calibration=None):
+    """(spec_type, reason) for a plan whose policy asks for `wanted` (none, ngram-mod)."""
+    if wanted in (None, "none"):
+        return "none", ""
+    calibration = calibration or {}
+    label = "Speculative decoding (%s, no extra weights or memory)" % wanted
+    verdicts = [v for v in calibration.get("speculation") or [] if isinstance(v, dict)
+                and v.get("spec_type") == wanted and _same(v.get("config"), plan)]
+    if verdicts:
+        latest = max(verdicts, key=lambda v: str(v.get("measured_at") or ""))
+        if latest.get("verdict") == "pays":
+            return wanted, "%s on: verify measured it pays on %s (%s)." % (label, latest.get("host"),
+                                                                           latest.get("message"))
+        return "none", "%s off: verify measured no gain on %s (%s); policy.speculative asks for it, the measurement " \
+            "decides." % (label, latest.get("host"), latest.get("message"))
+    baseline = [b for b in calibration.get("baselines") or [] if isinstance(b, dict)
+                and spec_type(b.get("config")) == "none" and _same(b.get("config"), plan)]
+    if not baseline:
+        return "none", "%s off for now: no measurement of this configuration without it yet; this run's verify " \
+            "measures it, and the next plan tries it." % label
+    return wanted, "%s on, a trial: verify compares it with this configuration's baseline without it (%d card(s)) " \
+        "and the next plan keeps it only if it pays." % (label, len(baseline))
+
+
+def _ratio(measured, reference):
+    try:
+        measured, reference = float(measured), float(reference)
+    except (TypeError, ValueError):
+        return None
+    return round(measured / reference, 3) if reference > 0 and measured >= 0 else None
+
+
+def speculation_verdict(record, baseline, min_gain=DEFAULT_MIN_GAIN, label="GPU ?"):
+    """Whether the speculation a measured instance serves with pays, against the
+    baseline figures of its configuration without it ({figure: value}: single_stream_tps,
+    all_slots_decode_tps, ttft_at_slots_s). None when the instance serves without it."""
+    kind = spec_type(record)
+    if kind == "none":
+        return None
+    gain = check_min_gain(min_gain)
+    figures = {"single_stream_tps": record.get("single_stream_tps"),
+               "all_slots_decode_tps": record.get("all_slots_decode_tps"),
+               "ttft_at_slots_s": record.get("ttft_at_slots_s")}
+    out = {"spec_type": kind, "figures": figures, "baseline": dict(baseline or {}), "min_gain": gain}
+    if record.get("errors"):
+        out.update(verdict="no_gain", message="%s: the measurement with %s failed" % (label, kind))
+        return out
+    if not baseline or not baseline.get("single_stream_tps"):
+        out.update(verdict="unmeasured", message="%s: no baseline without %s to compare with" % (label, kind))
+        return out
+    single = _ratio(figures["single_stream_tps"], baseline.get("single_stream_tps"))
+    slots = _ratio(figures["all_slots_decode_tps"], baseline.get("all_slots_decode_tps"))
+    wait = _ratio(figures["ttft_at_slots_s"], baseline.get("ttft_at_slots_s"))
+    checks = [("single-stream decode", single, single is not None and single >= 1 + gain),
+              ("decode with every slot busy", slots, slots is None or slots >= 1 - gain),
+              ("first token with every slot busy", wait, wait is None or wait <= 1 + gain)]
+    failed = [name for name, _, ok in checks if not ok]
+    text = ", ".join("%s x%s" % (name, "%.2f" % r if r is not None else "?") for name, r, _ in checks)
+    out["ratios"] = dict((name, r) for name, r, _ in checks)
+    out.update(verdict="no_gain" if failed else "pays",
+               message="%s with %s: %s against the baseline without it (%s)" % (
+                   label, kind, text, "needs x%.2f single-stream and no loss with every slot busy" % (1 + gain)
+                   if failed else "it pays"))
+    return out
+
+
+def merge_verdicts(existing, host, verdicts, measured_at=None):
+    """The calibration file's `speculation` list with this host's verdicts (pays or
+    no_gain) replacing its older ones for the same card, configuration and type."""
+    fresh = [dict(v, host=host, measured_at=measured_at) for v in verdicts or []
+             if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain")]
+    same = lambda a, b: (a.get("host"), a.get("gpu_uuid"), a.get("spec_type"), _plan_config(a.get("config"))) == (  # noqa: E731
+        b.get("host"), b.get("gpu_uuid"), b.get("spec_type"), _plan_config(b.get("config")))
+    kept = [v for v in existing or [] if isinstance(v, dict) and not any(same(v, f) for f in fresh)]
+    return sorted(kept + fresh, key=lambda v: (str(v.get("host")), str(v.get("gpu_uuid")), str(v.get("spec_type"))))

@@ -1,0 +1,66 @@
+"""Speculative decoding kept only where verify measured that it pays (issue 35), on the
+16 GB host: the policy asks for ngram-mod (no extra weights). Converge measured this
+configuration without it (the speed baseline in the scenario's calibration file), so the
+model stage plans it as a trial; llama-server runs with --spec-type ngram-mod; verify
+compares it with the baseline and, asked for a gain no random-weight model can show
+(verify_speculation_min_gain: 10, +1000%), records no_gain in the calibration file; the next
+plan turns it off and says why, and the process runs without it."""
+import json
+import os
+
+import pytest
+
+from hostprobe import node, only_in_scenario, run_playbook, stage_fact
+from test_llama_server import cmdline
+
+pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
+
+HOST = "fleet-sxm2-16gb"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def reports(name):
+    return os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "reports", name)
+
+
+def deploy(tmp_path, stages, **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    playbook = tmp_path / "stages.yml"
+    playbook.write_text("".join("- import_playbook: %s/playbooks/%s.yml\n" % (REPO, s) for s in stages))
+    policy = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "speculative": "ngram-mod"}
+    result = run_playbook(str(playbook), [HOST], tmp_path=tmp_path, extra_vars=dict({
+        "llm_model_policy": policy, "verify_speculation_min_gain": 10, "verify_report_dir": reports(""),
+        "fleet_common_calibration_file": reports("decode-calibration.json")}, **extra))
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result
+
+
+def running_args(host):
+    pid = int(host.check_output("systemctl show -P MainPID llama-server@0.service"))
+    return cmdline(host, pid)
+
+
+def test_speculation_is_tried_measured_and_turned_off_where_it_does_not_pay(tmp_path):
+    host = node(HOST)
+    deploy(tmp_path / "trial", ["model", "llama_server", "verify"])
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "ngram-mod", plan["reason"]
+    assert "ngram-mod" in plan["reason"] and "a trial" in plan["reason"]
+    args = running_args(host)
+    assert args[args.index("--spec-type") + 1] == "ngram-mod"
+
+    verify = stage_fact(host, "verify")
+    verdict, = verify["speed_gate"]["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["spec_type"] == "ngram-mod", verdict
+    assert verdict["figures"]["single_stream_tps"] > 0 and verdict["baseline"]["single_stream_tps"] > 0
+    with open(reports("decode-calibration.json")) as handle:
+        kept = [v for v in json.load(handle)["speculation"] if v["host"] == HOST]
+    assert [v["verdict"] for v in kept] == ["no_gain"]
+
+    # the next run follows the measurement and says so
+    deploy(tmp_path / "after", ["model", "llama_server", "verify"])
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "none"
+    assert "measured no gain on %s" % HOST in plan["reason"]
+    assert "--spec-type" not in running_args(host)
+    assert stage_fact(host, "verify")["speed_gate"]["speculation"] == []

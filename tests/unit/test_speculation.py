@@ -1,0 +1,106 @@
+"""Speculative decoding kept only where verify measured that it pays (issue 35,
+module_utils/speculation.py): the planner's three cases (no baseline: off and measured
+first; a baseline: a trial; a verdict: followed), verify's verdict against the same
+configuration without it, the calibration file keeping it, and the flag."""
+import pytest
+
+import paths
+
+paths.use_module_utils()
+from ansible.errors import AnsibleFilterError  # noqa: E402
+from ansible.module_utils import speculation as sp  # noqa: E402
+from ansible.module_utils import speed_gate as sg  # noqa: E402
+from ansible.module_utils.llama_flags import SERVER, plan_argv  # noqa: E402
+from ansible.module_utils.llama_plan import PlanError, normalize_policy  # noqa: E402
+
+from test_speed_gate import SERVED, baseline, calibration, gate_filters, host_record, record  # noqa: E402
+
+PLAN = {"gpu_name": "Tesla V100-SXM2-32GB", "quant": "F32", "ctx_size": 2048, "parallel": 2, "cache_type_k": "f16",
+        "split_mode": "none"}
+
+
+def plain_baseline(single=600.0, slots=900.0, ttft=0.4):
+    b = baseline(single=single, slots=slots)
+    b["figures"]["ttft_at_slots_s"] = ttft
+    return b
+
+
+def test_without_a_baseline_it_is_planned_off_and_measured_first():
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", {})
+    assert kind == "none" and "no measurement of this configuration without it yet" in why
+    assert sp.plan_speculation(PLAN, "none", {"baselines": [plain_baseline()]}) == ("none", "")
+
+
+def test_with_a_baseline_it_is_tried_and_the_verdict_then_decides():
+    trial = sp.plan_speculation(PLAN, "ngram-mod", {"baselines": [plain_baseline()]})
+    assert trial[0] == "ngram-mod" and "a trial" in trial[1]
+    # a baseline of another configuration (more slots) is not this plan's
+    assert sp.plan_speculation(dict(PLAN, parallel=4), "ngram-mod", {"baselines": [plain_baseline()]})[0] == "none"
+    lost = {"verdict": "no_gain", "spec_type": "ngram-mod", "config": sg.config_key(record()), "host": "gpu01",
+            "measured_at": "2026-12-06T04:00:00Z", "message": "GPU 0 with ngram-mod: single-stream decode x0.97"}
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", {"baselines": [plain_baseline()], "speculation": [lost]})
+    assert kind == "none" and "measured no gain on gpu01" in why and "x0.97" in why
+    # the latest verdict wins
+    paid = dict(lost, verdict="pays", measured_at="2026-12-06T05:00:00Z", message="x1.31")
+    assert sp.plan_speculation(PLAN, "ngram-mod", {"speculation": [lost, paid]})[0] == "ngram-mod"
+
+
+@pytest.mark.parametrize("single,slots,ttft,verdict", [
+    (660, 900, 0.4, "pays"),        # +10% one stream, nothing lost with every slot busy
+    (620, 900, 0.4, "no_gain"),     # +3%: below the 5% asked
+    (700, 800, 0.4, "no_gain"),     # one stream gains, every slot busy loses 11%
+    (700, 900, 0.5, "no_gain"),     # the first token waits 25% longer with every slot busy
+])
+def test_the_verdict_needs_a_gain_alone_and_no_loss_with_every_slot_busy(single, slots, ttft, verdict):
+    inst = dict(record(single=single, slots=slots), spec_type="ngram-mod", ttft_at_slots_s=ttft,
+                all_slots_decode_tps=slots)
+    out = sp.speculation_verdict(inst, {"single_stream_tps": 600, "all_slots_decode_tps": 900,
+                                        "ttft_at_slots_s": 0.4}, 0.05, "GPU 0")
+    assert out["verdict"] == verdict, out["message"]
+    assert sp.speculation_verdict(dict(inst, spec_type="none"), {}, 0.05) is None
+    assert sp.speculation_verdict(inst, {}, 0.05)["verdict"] == "unmeasured"
+
+
+@pytest.mark.parametrize("bad", ["x", -0.1, 11, None])
+def test_a_bad_min_gain_is_named(bad):
+    with pytest.raises(ValueError, match="min_gain"):
+        sp.check_min_gain(bad)
+    with pytest.raises(AnsibleFilterError, match="verify_speculation_min_gain"):
+        gate_filters.verify_speed_gate(host_record(), [], {}, {}, 0.9, True, bad)
+
+
+def test_verify_judges_it_against_the_baseline_without_it_and_the_file_keeps_the_verdict():
+    """Through the verify stage's filter and the calibration merge, as report.yml runs them."""
+    spec = dict(record(single=580.0), spec_type="ngram-mod", ttft_at_slots_s=0.41)
+    gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, {"baselines": [plain_baseline()]})
+    # its own configuration: never measured with speculation, so accepted as that baseline
+    assert gate["verdicts"][0]["verdict"] == "no_baseline"
+    assert gate["verdicts"][0]["config"]["spec_type"] == "ngram-mod"
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["config"] == sg.config_key(record())
+    assert any("with ngram-mod: single-stream decode x0.97" in m for m in gate["messages"])
+    content = calibration.llm_fleet_baselines_merge({"version": 1, "records": [], "baselines": [plain_baseline()]},
+                                                    [{"host": "gpu01", "gate": gate}], "2026-12-06T04:00:00Z")
+    assert [v["verdict"] for v in content["speculation"]] == ["no_gain"]
+    assert len(content["baselines"]) == 2  # with and without speculation, side by side
+    # the next plan follows it
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
+    assert kind == "none" and "measured no gain on gpu01" in why
+    # a later run where it paid replaces that card's verdict
+    again = sp.merge_verdicts(content["speculation"], "gpu01", [dict(verdict, verdict="pays")], "later")
+    assert [v["verdict"] for v in again] == ["pays"]
+
+
+def test_the_flag_and_the_policy():
+    base = {"model_path": "/m.gguf", "ctx_size": 2048, "parallel": 2, "n_gpu_layers": 3, "cache_type_k": "f16",
+            "cache_type_v": "f16", "flash_attn": True, "batch_size": 2048, "ubatch_size": 512}
+    assert "--spec-type" not in plan_argv(dict(base, spec_type="none"), SERVER)
+    assert "--spec-type" not in plan_argv(base, SERVER)
+    argv = plan_argv(dict(base, spec_type="ngram-mod"), SERVER)
+    assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
+    assert normalize_policy({})["speculative"] == "none"
+    with pytest.raises(PlanError, match="a draft model"):
+        normalize_policy({"speculative": "draft"})
+    # without speculation the speed gate's configuration key is what it always was
+    assert "spec_type" not in sg.config_key(record()) and "spec_type" not in sg.config_key(
+        dict(record(), spec_type="none"))
