@@ -307,7 +307,9 @@ def merge_calibration(existing, new_records):
     records = sorted(kept + fresh, key=lambda r: (str(r.get("gpu_name")), str(r.get("quant")), str(r.get("host")),
                                                    str(r.get("gpu_uuid"))))
     out = {"version": CALIBRATION_VERSION, "records": records}
-    # the rollout's speed baselines (module_utils/speed_gate.py) live in the same file
-    if isinstance(existing, dict) and existing.get("baselines"):
-        out["baselines"] = existing["baselines"]
+    # the rollout's speed baselines (module_utils/speed_gate.py) and whether speculative
+    # decoding paid (module_utils/speculation.py) live in the same file
+    for kept_key in ("baselines", "speculation"):
+        if isinstance(existing, dict) and existing.get(kept_key):
+            out[kept_key] = existing[kept_key]
     return out

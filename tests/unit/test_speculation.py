@@ -83,6 +83,10 @@ def test_verify_judges_it_against_the_baseline_without_it_and_the_file_keeps_the
                                                     [{"host": "gpu01", "gate": gate}], "2026-12-06T04:00:00Z")
     assert [v["verdict"] for v in content["speculation"]] == ["no_gain"]
     assert len(content["baselines"]) == 2  # with and without speculation, side by side
+    # the decode calibration's own merge (report.yml runs it first) keeps the verdicts
+    content = calibration.llm_fleet_baselines_merge(calibration.llm_fleet_calibration_merge(content, []),
+                                                    [{"host": "gpu01", "gate": {"verdicts": [], "speculation": []}}])
+    assert [v["verdict"] for v in content["speculation"]] == ["no_gain"]
     # the next plan follows it
     kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
     assert kind == "none" and "measured no gain on gpu01" in why
