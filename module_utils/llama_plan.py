@@ -20,7 +20,8 @@ from ansible.module_utils.plan_memory import (
     CTX_STEP, CUDA_OVERHEAD_BYTES, DEFAULT_BATCH, DEFAULT_HEADROOM_BYTES, DEFAULT_UBATCH, GIB, HOST_MEMORY_BANDWIDTH,
     KV_FILL_FRACTION, MIB, PlanError, driver_reserved_bytes, fits, flash_attn_supported, gib)
 from ansible.module_utils.plan_speed import (
-    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill, gpu_family)
+    aggregate_exponent, efficiency_for, expected_aggregate, expected_decode, expected_prefill, gpu_family,
+    measured_overhead)
 from ansible.module_utils.plan_split import (
     SPLIT_CARD_MARGIN_BYTES, SPLIT_MODES, budget, ceiling_for, split_group, tensor_split_supported, with_sync)
 
@@ -571,6 +572,8 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
                                else "policy.backend_sampling"))
     if spec_reason:
         plan["reason"] += " " + spec_reason
+    if gpu.get("cuda_overhead_source"):
+        plan["reason"] += " Memory counts %s." % gpu["cuda_overhead_source"]
     if first_token["ttft_s"] is not None:
         plan["reason"] += (" First token: a prompt of %d tokens (the planned fill) takes about %.1f s at %.0f tok/s "
                            "of prompt (%s)." % (first_token["prompt_tokens"], first_token["ttft_s"],
@@ -695,8 +698,8 @@ def plan_host(gpus, models, policy, calibration=None, host_memory_bytes=None):
     calibration: the fleet's measured efficiencies (plan_speed.merge_calibration's
     content), or None for the built-in table only. host_memory_bytes: the host's RAM,
     which bounds the instances' prompt caches (None: not bounded)."""
-    policy = normalize_policy(policy)
-    gpus = host_gpus(gpus)
+    raw, policy = policy, normalize_policy(policy)
+    gpus = measured_overhead(host_gpus(gpus), calibration, [raw])
     if not models:
         raise PlanError("no candidate model to plan with: candidates is empty")
     bpw = dict((m["quant"], m["bpw"]) for m in models)

@@ -40,7 +40,10 @@ GIB = 1 << 30
 #
 # Eager loading (LAZY unset on 11.7-12.1, or llama_server_cuda_module_loading:
 # EAGER) costs more than the table; the roles do not plan for it. One value for
-# every major for now: the lookup is where a measured 11.8 figure goes.
+# every major for now: the lookup is where a measured 11.8 figure goes. Once verify
+# has measured processes on cards of a name (an H100 with CUDA 13: 505-509 MiB,
+# benchmarks/results/gpu-host-2026-12-06-models), the plan budgets that median
+# instead (plan_speed.measured_overhead), unless the policy sets overhead_bytes.
 CUDA_OVERHEAD_MIB_BY_MAJOR = {11: 576, 12: 576, 13: 576}
 
 CUDA_OVERHEAD_BYTES = CUDA_OVERHEAD_MIB_BY_MAJOR[13] * MIB
@@ -316,7 +319,9 @@ def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers
     # the roles always pass --parallel, so llama-server keeps one KV stream per slot
     compute = compute_bytes(model, ubatch, ctx_size // parallel, fa, cache_type, parallel, first_layer=first)
     reserved = card_reserved_bytes(gpu, policy)
-    overhead = policy["overhead_bytes"] + reserved
+    # the CUDA context verify measured on cards of this name (plan_speed.measured_overhead), else the policy's
+    cuda = int(gpu.get("cuda_overhead_bytes") or policy["overhead_bytes"])
+    overhead = cuda + reserved
     headroom = policy["headroom_bytes"]
     # what other processes hold on the card, when the policy plans around them (plan_around)
     foreign = int(gpu.get("memory_foreign_bytes") or 0)
@@ -332,7 +337,7 @@ def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers
         "kv_full_attention_bytes": caches["full"],
         "kv_sliding_window_bytes": caches["swa"],
         "recurrent_state_bytes": caches["recurrent"],
-        "overhead_cuda_bytes": policy["overhead_bytes"],
+        "overhead_cuda_bytes": cuda,
         "overhead_driver_reserved_bytes": reserved,
         "foreign_bytes": foreign,
         # the card's used memory with the server loaded, as NVML counts it (v2 used

@@ -27,6 +27,7 @@ __metaclass__ = type
 
 from ansible.module_utils.llama_plan import host_gpus, normalize_policy, plan_gpu, prompt_cache, slot_limits
 from ansible.module_utils.plan_memory import GIB, PlanError, card_budget, card_room_bytes, flash_attn_supported
+from ansible.module_utils.plan_speed import measured_overhead
 
 MODEL_KEYS = ("name", "models", "policy", "gpus")
 
@@ -160,7 +161,7 @@ def place_models(gpus, entries, calibration=None, host_memory_bytes=None):
     that fits nowhere, with each card's figures. The card's headroom is the first
     model's policy's."""
     _check(entries)
-    gpus = host_gpus(gpus)
+    gpus = measured_overhead(host_gpus(gpus), calibration, [e.get("policy") for e in entries])
     entries = [dict(e, policy=normalize_policy(e.get("policy") or {}),
                     gpus=e.get("gpus", "every" if i == 0 else 1)) for i, e in enumerate(entries)]
     cards = dict((gpu["index"], gpu) for gpu in gpus)

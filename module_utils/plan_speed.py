@@ -281,6 +281,8 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
         "arch": eff.get("arch"), "cache_type": plan.get("cache_type_k"), "parallel": slots,
         "efficiency": round(efficiency, 3), "aggregate_exponent": exponent,
         "single_stream_tps": single, "decode_ceiling_tps": plan.get("decode_ceiling_tps"),
+        # the process's CUDA context as measured (verify: what NVML saw less the plan's other parts)
+        "cuda_overhead_bytes": (instance.get("vram") or {}).get("cuda_overhead_bytes"),
         "build": build, "measured_at": measured_at,
     }, None
 
@@ -292,7 +294,9 @@ def _close(old, new):
         return False
     ea, eb = old.get("aggregate_exponent"), new.get("aggregate_exponent")
     same_exponent = (ea is None) == (eb is None) and (ea is None or abs(float(ea) - float(eb)) <= 0.05)
-    return abs(b - a) <= CALIBRATION_TOLERANCE * a and same_exponent
+    oa, ob = old.get("cuda_overhead_bytes"), new.get("cuda_overhead_bytes")
+    same_overhead = (oa is None) == (ob is None) and (oa is None or abs(float(oa) - float(ob)) <= 16 * (1 << 20))
+    return abs(b - a) <= CALIBRATION_TOLERANCE * a and same_exponent and same_overhead
 
 
 def merge_calibration(existing, new_records):
@@ -312,4 +316,34 @@ def merge_calibration(existing, new_records):
     for kept_key in ("baselines", "speculation"):
         if isinstance(existing, dict) and existing.get(kept_key):
             out[kept_key] = existing[kept_key]
+    return out
+
+
+# a measured CUDA context outside this range is a failed measurement, not a context
+OVERHEAD_RANGE = (64 << 20, 4 << 30)
+
+
+def measured_overhead(gpus, calibration=None, policies=()):
+    """The GPUs with the CUDA context verify measured on cards of their name (the
+    median of the calibration's records: cuda_overhead_bytes, cuda_overhead_source),
+    which the memory budget then uses instead of the table's figure; unchanged where
+    none was measured or a policy sets overhead_bytes itself (the operator's figure wins)."""
+    if any("overhead_bytes" in (p or {}) for p in policies):
+        return gpus
+    out = []
+    for gpu in gpus:
+        values = []
+        for r in (calibration or {}).get("records") or [] if isinstance(calibration, dict) else []:
+            try:
+                value = int(r.get("cuda_overhead_bytes"))
+            except (TypeError, ValueError, AttributeError):
+                continue
+            if r.get("gpu_name") == gpu.get("name") and OVERHEAD_RANGE[0] <= value <= OVERHEAD_RANGE[1]:
+                values.append(value)
+        if values:
+            value = int(_median(values))
+            gpu = dict(gpu, cuda_overhead_bytes=value, cuda_overhead_source=(
+                "the CUDA context verify measured on %s: %d MiB, the median of %d process(es)"
+                % (gpu.get("name"), value >> 20, len(values))))
+        out.append(gpu)
     return out

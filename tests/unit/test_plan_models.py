@@ -158,3 +158,31 @@ def test_the_module_plans_several_models_and_refuses_by_name(gpus, dense_meta, s
     both = run_module("llama_plan", {"gpus": card, "candidates": declared(dense_meta, ("Q4_K_M",)),
                                      "models": [{"name": "chat", "candidates": declared(dense_meta, ("Q4_K_M",))}]})
     assert both.get("failed") and "mutually exclusive" in both["msg"]
+
+
+def test_a_measured_cuda_context_replaces_the_table_s_figure(gpus, dense_meta, small_meta):
+    """The CUDA context verify measured on cards of this name (the calibration's
+    cuda_overhead_bytes) is what the next plan budgets per process, for one model and
+    for several, and the reason says so; a policy's own overhead_bytes wins; a
+    figure outside 64 MiB-4 GiB is a failed measurement and ignored."""
+    card = gpus("v100-sxm2-32gb")
+    name = card[0]["name"]
+    measured = {"version": 1, "records": [
+        {"gpu_name": name, "efficiency": 0.6, "cuda_overhead_bytes": 500 << 20},
+        {"gpu_name": name, "efficiency": 0.6, "cuda_overhead_bytes": 510 << 20},
+        {"gpu_name": name, "efficiency": 0.6, "cuda_overhead_bytes": 10 << 30},
+        {"gpu_name": "another card", "efficiency": 0.6, "cuda_overhead_bytes": 100 << 20}]}
+    table = lp.plan_host(card, candidates(dense_meta), {})["plans"][0]
+    learned = lp.plan_host(card, candidates(dense_meta), {}, measured)["plans"][0]
+    assert table["memory"]["overhead_cuda_bytes"] == 576 << 20
+    assert learned["memory"]["overhead_cuda_bytes"] == 505 << 20
+    # the same plan, 71 MiB less per process (or more context where the room allowed it)
+    assert (learned["quant"], learned["parallel"]) == (table["quant"], table["parallel"])
+    assert learned["ctx_size"] >= table["ctx_size"]
+    assert "the CUDA context verify measured on %s: 505 MiB, the median of 2 process(es)" % name in learned["reason"]
+    own = lp.plan_host(card, candidates(dense_meta), {"overhead_bytes": 600 << 20}, measured)["plans"][0]
+    assert own["memory"]["overhead_cuda_bytes"] == 600 << 20 and "CUDA context verify" not in own["reason"]
+    several = place_models(card, [{"name": "chat", "models": candidates(dense_meta)},
+                                  {"name": "coder", "models": candidates(small_meta, ("Q3_K_S",)),
+                                   "policy": {"target_ctx": 8192, "target_parallel": 1}}], measured)
+    assert [p["memory"]["overhead_cuda_bytes"] for p in several["plans"]] == [505 << 20, 505 << 20]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import paths
+
 from test_loadtest import Server, free_port, llama_bin_dir, lt, served, tiny_model  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,3 +301,21 @@ def test_the_vram_plot_shows_measured_against_predicted_on_gpu_builds_only():
     assert "27.00 / 27.41 (-1.5%)" in texts
     cpu = record(synthetic_loadtest(single=30.0), llama_cpp=dict(CUDA_BUILD, backend="cpu"))
     assert render.verify_fleet_vram_svg(vr.verify_fleet_report([cpu], "now", {})) == ""
+
+
+def test_the_measured_cuda_context_goes_to_the_calibration():
+    """The process's CUDA context as measured (the plan's figure plus the whole difference:
+    weights, KV and compute match llama-fit-params), kept by the calibration record, and a
+    new figure replaces a record that had none."""
+    plan = dict(PLAN, partial_offload=False, decode_efficiency={"gpu_family": "volta", "quant_family": "Q4_K",
+                                                                 "arch": "dense"},
+                memory=dict(PLAN["memory"], overhead_cuda_bytes=576 << 20))
+    gpu = dict(GPU, memory_used_bytes=PLAN["memory"]["predicted_used_bytes"] - (70 << 20))
+    rec = vr.verify_host_record("gpu01", [INSTANCE], [plan], [gpu], [{"rc": 0, "stdout": json.dumps(
+        synthetic_loadtest())}], [None], CUDA_BUILD, 0.25)
+    inst, = rec["instances"]
+    assert inst["vram"]["cuda_overhead_bytes"] == 506 << 20
+    entry, = rec["calibration"]
+    assert entry["cuda_overhead_bytes"] == 506 << 20
+    merged = paths.load_file("plan_speed_t", "module_utils/plan_speed.py").merge_calibration({"version": 1, "records": [dict(entry, cuda_overhead_bytes=None)]}, [entry])
+    assert merged["records"][0]["cuda_overhead_bytes"] == 506 << 20

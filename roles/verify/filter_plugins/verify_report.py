@@ -245,6 +245,11 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
     }
     if per_gpu is not None:
         vram["per_gpu"] = per_gpu
+    elif vram["measured_over_predicted"] is not None and memory.get("overhead_cuda_bytes"):
+        # what the process's CUDA context really took: the plan's figure plus the whole
+        # difference (weights, KV and compute buffers match llama-fit-params to the MiB);
+        # the calibration keeps it and the next plan budgets it (plan_speed.measured_overhead)
+        vram["cuda_overhead_bytes"] = int(memory["overhead_cuda_bytes"]) + int(used) - int(predicted)
     if memory.get("other_models_bytes"):
         vram["scope"] = "process"
         vram["pid"] = (loadtest or {}).get("pid")
