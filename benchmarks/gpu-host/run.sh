@@ -295,6 +295,25 @@ print("measured: 1 stream %s tok/s, all %s slots %s tok/s; VRAM %s" % (
 for inst in json.load(open("/etc/ansible/facts.d/llm_fleet_verify.fact"))["instances"][1:]:
     print("measured %s (%s): 1 stream %s tok/s; VRAM %s" % (inst.get("instance"), inst.get("model_name"),
                                                            inst["single_stream_tps"], inst["vram"]))
+# the memory the plans predict before and after verify's calibration (the measured CUDA context),
+# against what the same processes held: the configuration is the same when only the context moved
+instances = json.load(open("/etc/ansible/facts.d/llm_fleet_verify.fact"))["instances"]
+rows = []
+for name, path in (("before", "plan-before-calibration.json"), ("after", "plan.json")):
+    for p in json.load(open(os.path.join(out, path)))["plans"]:
+        inst = [i for i in instances if str(i.get("instance", i.get("gpu_index"))) == str(p.get("instance", p["gpu_index"]))]
+        vram = inst[0]["vram"] if inst else {}
+        key = "predicted_process_bytes" if vram.get("scope") == "process" else "predicted_used_bytes"
+        measured = vram.get("measured_used_bytes")
+        rows.append({"plan": name, "instance": p.get("instance", p["gpu_index"]), "quant": p["quant"],
+                     "ctx_size": p["ctx_size"], "parallel": p["parallel"],
+                     "overhead_cuda_mib": p["memory"]["overhead_cuda_bytes"] >> 20, "predicted_bytes": p["memory"][key],
+                     "measured_bytes": measured,
+                     "measured_over_predicted": round(measured / p["memory"][key], 4) if measured else None})
+        print("memory %(plan)s calibration, %(instance)s %(quant)s -c %(ctx_size)s -np %(parallel)s: CUDA context "
+              "%(overhead_cuda_mib)s MiB, predicted %(predicted_bytes)s, measured %(measured_bytes)s, "
+              "ratio %(measured_over_predicted)s" % rows[-1])
+json.dump(rows, open(os.path.join(out, "memory-before-after-calibration.json"), "w"), indent=1)
 PY
 # Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
 # bundle of everything (the device tool brings back only a few files per call).
