@@ -80,6 +80,22 @@ def plan_speculation(plan, wanted, calibration=None):
         "and the next plan keeps it only if it pays." % (label, len(baseline))
 
 
+def plan_baseline(record, baselines, names=("single_stream_tps", "all_slots_decode_tps", "ttft_at_slots_s")):
+    """{figure: median} of the baselines without speculation of the record's configuration
+    as the planner matches it (any request length): what verify compares with when no
+    baseline was measured with the same request length, so a trial the planner started
+    always gets a verdict."""
+    same = [b.get("figures") or {} for b in baselines or [] if isinstance(b, dict)
+            and spec_type(b.get("config")) == "none" and _same(b.get("config"), record)]
+    out = {}
+    for name in names:
+        values = sorted(float(f[name]) for f in same if isinstance(f.get(name), (int, float)) and f[name] > 0)
+        if values:
+            n = len(values)
+            out[name] = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2.0
+    return out
+
+
 def _ratio(measured, reference):
     try:
         measured, reference = float(measured), float(reference)

@@ -108,3 +108,12 @@ def test_the_flag_and_the_policy():
     # without speculation the speed gate's configuration key is what it always was
     assert "spec_type" not in sg.config_key(record()) and "spec_type" not in sg.config_key(
         dict(record(), spec_type="none"))
+
+
+def test_a_trial_measured_with_another_request_length_still_gets_a_verdict():
+    """The planner starts a trial on a baseline of any request length; verify prefers one
+    of the same length and otherwise compares with the planner's, so the trial ends."""
+    spec = dict(record(single=580.0), spec_type="ngram-mod", ttft_at_slots_s=0.41, n_predict=128)
+    gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, {"baselines": [plain_baseline()]})
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["baseline"]["single_stream_tps"] == 600

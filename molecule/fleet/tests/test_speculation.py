@@ -29,6 +29,8 @@ def deploy(tmp_path, stages, **extra):
     playbook.write_text("".join("- import_playbook: %s/playbooks/%s.yml\n" % (REPO, s) for s in stages))
     policy = {"min_ctx": 512, "target_ctx": 2048, "target_parallel": 2, "speculative": "ngram-mod"}
     result = run_playbook(str(playbook), [HOST], tmp_path=tmp_path, extra_vars=dict({
+        # the request length converge measured the baseline with (molecule/fleet/converge.yml)
+        "verify_loadtest_n_predict": 16,
         "llm_model_policy": policy, "verify_speculation_min_gain": 10, "verify_report_dir": reports(""),
         "fleet_common_calibration_file": reports("decode-calibration.json")}, **extra))
     assert result.returncode == 0, result.stdout[-3000:]
@@ -40,8 +42,18 @@ def running_args(host):
     return cmdline(host, pid)
 
 
+def forget_verdicts(host_name):
+    """What an operator does to try speculation again: drop the host's verdicts from the file."""
+    with open(reports("decode-calibration.json")) as handle:
+        content = json.load(handle)
+    content["speculation"] = [v for v in content.get("speculation") or [] if v.get("host") != host_name]
+    with open(reports("decode-calibration.json"), "w") as handle:
+        json.dump(content, handle, indent=1)
+
+
 def test_speculation_is_tried_measured_and_turned_off_where_it_does_not_pay(tmp_path):
     host = node(HOST)
+    forget_verdicts(HOST)
     deploy(tmp_path / "trial", ["model", "llama_server", "verify"])
     plan, = stage_fact(host, "model")["plans"]
     assert plan["spec_type"] == "ngram-mod", plan["reason"]
@@ -57,8 +69,9 @@ def test_speculation_is_tried_measured_and_turned_off_where_it_does_not_pay(tmp_
         kept = [v for v in json.load(handle)["speculation"] if v["host"] == HOST]
     assert [v["verdict"] for v in kept] == ["no_gain"]
 
-    # the next run follows the measurement and says so
-    deploy(tmp_path / "after", ["model", "llama_server", "verify"])
+    # the next run follows the measurement and says so (its verify accepts what serves then
+    # without gating it: the CPU's figures on this shared machine are not what is tested here)
+    deploy(tmp_path / "after", ["model", "llama_server", "verify"], verify_speed_gate=False)
     plan, = stage_fact(host, "model")["plans"]
     assert plan["spec_type"] == "none"
     assert "measured no gain on %s" % HOST in plan["reason"]

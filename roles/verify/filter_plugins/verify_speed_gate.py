@@ -19,7 +19,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
-from ansible.module_utils.speculation import check_min_gain, speculation_verdict  # noqa: E402
+from ansible.module_utils.speculation import check_min_gain, plan_baseline, speculation_verdict  # noqa: E402
 from ansible.module_utils.speed_gate import baseline_for, check_min_ratio, config_key, judge  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
@@ -66,7 +66,8 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
     for inst, verdict in zip((record or {}).get("instances") or [], verdicts):
         plain = dict(inst, spec_type="none", n_predict=inst.get("n_predict"))
         base = dict((name, value) for name, (value, _) in baseline_for(
-            plain, baselines, ("single_stream_tps", "all_slots_decode_tps", "ttft_at_slots_s")).items())
+            plain, baselines, ("single_stream_tps", "all_slots_decode_tps", "ttft_at_slots_s")).items()) \
+            or plan_baseline(plain, baselines)
         spec = speculation_verdict(dict(inst, all_slots_decode_tps=verdict["figures"].get("all_slots_decode_tps")),
                                    base, spec_min_gain, "GPU %s%s" % (inst.get("gpu_index"), " %s" % inst["model_name"]
                                                                      if inst.get("model_rank") else ""))
