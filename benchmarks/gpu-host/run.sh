@@ -39,6 +39,19 @@
 # MODELS=1: two models on the card (issue 35, llm_model_models): the 32B-shaped one ("chat",
 # POLICY) and a small one ("small": the same shape with SMALL_LAYERS=6 layers, 8k context, one
 # slot); both rendered ExecStarts are started, and verify measures both, each process's memory.
+# MODEL=<file.gguf> (with <file.gguf>.sha256 beside it): a real model staged there instead of the
+# random-weight one, catalogued as QUANT (default Q4_K) and named MODEL_NAME (llm_model_name).
+# SPEC=1 (one model): speculative decoding measured (issue 35). Give POLICY with
+# "speculative": "ngram-mod": the first plan has it off (no baseline yet) and verify measures the
+# baseline; then the model stage again (a trial: on), llama_server --check --diff, the server
+# restarted with that ExecStart (--spec-type ngram-mod), verify again (its verdict goes to the
+# calibration's `speculation` list), and the last model stage follows the verdict. Each state's
+# plan, verify fact, calibration, server log and /metrics are kept (*-baseline, *-trial), and
+# benchmarks/gpu-host/copy-prompt.txt is load-tested on both servers outside verify (a prompt
+# whose answer repeats its own text: where n-gram drafts should pay; COPY_N_PREDICT tokens);
+# spec_summary.py puts the two side by side (speculation-summary.txt / .json).
+# verify is handed each instance's fingerprint (a hash of its ExecStart and Environment, as the
+# llama_server stage's fact would), so the speed gate accepts and records the baselines.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$REPO/benchmarks/gpu-host
@@ -47,7 +60,7 @@ WORK=${WORK:-/root/gpu-host}
 ARCHIVE=${ARCHIVE:-$REPO/.cache/harness/llama.cpp-0c1e57098bba.tar.gz}
 MODEL=${MODEL:-/var/lib/llm-fleet/staged/qwen2.5-32b-shape-q4_k-random.gguf}
 rm -f "$OUT/rc.txt"; mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
-cd "$REPO"
+cd "$REPO" || exit 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 T0=$SECONDS
 stamp() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*"; }
@@ -90,7 +103,7 @@ cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 tool_dir=$(dirname "$(command -v cmake)")
 # The host's Python for Ansible's own modules (config level: the roles' task-level
 # interpreter for the project venv must still win, which an extra var would not let it).
-export ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
+ANSIBLE_PYTHON_INTERPRETER=$(command -v python3); export ANSIBLE_PYTHON_INTERPRETER
 cat > "$WORK/host-vars.yml" <<YML
 ---
 llama_cpp_source_archive: $ARCHIVE
@@ -100,6 +113,7 @@ llama_cpp_build_tool_dirs: [$tool_dir]
 llm_fleet_pip_find_links: $REPO/.gpuhost/wheelhouse
 llm_model_policy: ${POLICY:-{\}}
 YML
+[ -n "${MODEL_NAME:-}" ] && echo "llm_model_name: $MODEL_NAME" >> "$WORK/host-vars.yml"
 cp "$WORK/host-vars.yml" "$OUT/host-vars.yml"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,memory.used,clocks.max.sm,clocks.max.mem,power.limit,persistence_mode,compute_cap --format=csv > "$OUT/nvidia-smi.csv" 2>&1
@@ -141,7 +155,7 @@ sha=$(cat "$MODEL.sha256")
 if [ -z "${MODELS:-}" ]; then
 cat >> "$WORK/host-vars.yml" <<YML
 llm_model_catalogue:
-  - quant: Q4_K
+  - quant: ${QUANT:-Q4_K}
     path: $MODEL
     sha256: $sha
     size_bytes: $(stat -c %s "$MODEL")
@@ -168,7 +182,8 @@ python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check.log" > "$OUT/un
 
 # --- Start the rendered ExecStarts with their Environment, then the load test ---------
 # One script per instance (llama-server@<key>): "0" is the first model's, as with one model.
-python3 - "$OUT/units.json" "$WORK" <<'PY'
+start_scripts() {
+python3 - "$1" "$WORK" <<'PY'
 import json, shlex, sys
 units = json.load(open(sys.argv[1]))
 for key, unit in units.items():
@@ -176,8 +191,10 @@ for key, unit in units.items():
     with open("%s/start%s.sh" % (sys.argv[2], "" if key == "0" else "-" + key), "w") as handle:
         handle.write("exec env %s %s\n" % (env, unit["exec_start"]))
 PY
+}
+start_scripts "$OUT/units.json"
 cat "$WORK"/start*.sh | tee "$OUT/exec-start.sh"
-unit_port() { python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[sys.argv[2]]["argv"]; print(a[a.index("--port")+1])' "$OUT/units.json" "$1"; }
+unit_port() { python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[sys.argv[2]]["argv"]; print(a[a.index("--port")+1])' "${2:-$OUT/units.json}" "$1"; }
 port=$(unit_port 0)
 health() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())' "http://127.0.0.1:$1/health" 2>/dev/null; }
 OTHER_PIDS=
@@ -224,24 +241,33 @@ nvidia-smi --query-gpu=memory.used,power.draw,clocks.sm --format=csv >> "$OUT/gp
 # No systemd here, so the llama_server stage recorded no instance: the instance the
 # check run rendered is handed to verify (its documented override), and verify's
 # calibration goes where the next model run reads it.
-python3 - "$OUT/units.json" /etc/llm-fleet/plan.json "$OUT/reports" > "$WORK/verify-vars.yml" <<'PY'
-import json, sys
+# verify_vars <units.json>: the instances of the plan on disk, each with its fingerprint.
+verify_vars() {
+python3 - "$1" /etc/llm-fleet/plan.json "$OUT/reports" > "$WORK/verify-vars.yml" <<'PY'
+import hashlib, json, sys
 units, plans = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["plans"]
 instances = []
 for p in plans:
     key = str(p.get("instance", p["gpu_index"]))
     argv = units[key]["argv"]
+    # what the llama_server stage's fact records (a hash of what the instance serves): the
+    # speed gate accepts a changed fingerprint's measurement and records it as a baseline
+    fingerprint = hashlib.sha256(json.dumps([units[key]["exec_start"], units[key]["environment"]],
+                                            sort_keys=True).encode()).hexdigest()[:16]
     instances.append({"gpu_index": p["gpu_index"], "gpu_uuid": p["gpu_uuid"], "port": int(argv[argv.index("--port") + 1]),
                       "unit": "llama-server@%s.service" % key, "quant": p["quant"], "instance": key,
                       "model_name": p.get("model_name", ""), "model_rank": p.get("model_rank", 0),
                       "ctx_size": p["ctx_size"], "parallel": p["parallel"], "cache_type_k": p["cache_type_k"],
-                      "cache_type_v": p["cache_type_v"], "model_path": p["model_path"]})
+                      "cache_type_v": p["cache_type_v"], "model_path": p["model_path"],
+                      "spec_type": p.get("spec_type") or "none", "fingerprint": fingerprint})
 print(json.dumps({
     "verify_instances": instances,
     "verify_server_environment": units["0"]["environment"],
     "verify_report_dir": sys.argv[3],
 }))
 PY
+}
+verify_vars "$OUT/units.json"
 echo "fleet_common_calibration_file: $OUT/decode-calibration.json" >> "$WORK/host-vars.yml"
 stamp "verify stage (real, against the running server)"
 playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify.log" 2>&1; echo "verify rc=$?" | tee -a "$OUT/rc.txt"
@@ -257,10 +283,56 @@ if [ -n "${AFFINITY:-}" ]; then
   stamp "affinity: a second instance on :$port2, then benchmarks/affinity_ttft.py"
   setsid bash "$WORK/start-2.sh" > "$OUT/llama-server-2.log" 2>&1 < /dev/null &
   SERVER2_PID=$!
+  # shellcheck disable=SC2086  # AFFINITY_ARGS: several arguments
   timeout 300 python3 benchmarks/affinity_ttft.py --servers "http://127.0.0.1:$port,http://127.0.0.1:$port2" \
     --out "$OUT/affinity-ttft.json" ${AFFINITY_ARGS:-} > "$OUT/affinity-ttft.txt" 2>&1
   echo "affinity rc=$?" | tee -a "$OUT/rc.txt"; tail -6 "$OUT/affinity-ttft.txt"
   kill -- -"$SERVER2_PID" 2>/dev/null || kill "$SERVER2_PID" 2>/dev/null
+fi
+
+# --- SPEC=1: speculative decoding, tried against the baseline verify just recorded -------
+# spec_state <name>: what the running server served and measured (verify's fact, the plan, the
+# calibration, llama-server's /metrics), then the copy prompt's load test outside verify.
+metrics() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode(), end="")' \
+  "http://127.0.0.1:$port/metrics" > "$1" 2>&1; }
+spec_state() {
+  cp /etc/llm-fleet/plan.json "$OUT/plan-$1.json"
+  cp /etc/ansible/facts.d/llm_fleet_verify.fact "$OUT/verify-$1.fact.json"
+  cp "$OUT/decode-calibration.json" "$OUT/decode-calibration-$1.json"
+  metrics "$OUT/metrics-$1-after-verify.txt"
+  stamp "SPEC: copy prompt against the $1 server"
+  timeout 200 python3 roles/verify/files/llm_fleet_loadtest.py --url "http://127.0.0.1:$port" --streams 1,slots \
+    --n-predict "${COPY_N_PREDICT:-256}" --prompt "$(cat "$HERE/copy-prompt.txt")" --budget-s 180 \
+    > "$OUT/copy-prompt-$1.json" 2> "$OUT/copy-prompt-$1.err"
+  echo "copy-prompt($1) rc=$?" | tee -a "$OUT/rc.txt"
+  metrics "$OUT/metrics-$1-after-copy.txt"
+}
+if [ -n "${SPEC:-}" ]; then
+  spec_state baseline
+  stamp "SPEC: model stage again (the baseline is recorded: a trial)"
+  playbook playbooks/model.yml > "$OUT/stage-model-trial.log" 2>&1; echo "model(trial) rc=$?" | tee -a "$OUT/rc.txt"
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["plans"][0]; print("plan: spec_type", p.get("spec_type"), "|", p["reason"][p["reason"].find("Speculative"):].split(". First")[0])' \
+    /etc/llm-fleet/plan.json
+  playbook playbooks/llama_server.yml --check --diff > "$OUT/stage-llama_server-check-trial.log" 2>&1
+  echo "llama_server(check, trial) rc=$?" | tee -a "$OUT/rc.txt"
+  python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check-trial.log" > "$OUT/units-trial.json" \
+    || { tail -60 "$OUT/stage-llama_server-check-trial.log"; exit 6; }
+  stamp "SPEC: restart llama-server@0 with the trial's ExecStart"
+  kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
+  for _ in $(seq 1 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+  wait "$SERVER_PID" 2>/dev/null
+  start_scripts "$OUT/units-trial.json"
+  tee "$OUT/exec-start-trial.sh" < "$WORK/start.sh"
+  port=$(unit_port 0 "$OUT/units-trial.json")
+  setsid bash "$WORK/start.sh" > "$OUT/llama-server-trial.log" 2>&1 < /dev/null &
+  SERVER_PID=$!; echo "$SERVER_PID" > "$GPUHOST_PIDS/llama-server@0.service.pid"
+  for _ in $(seq 1 180); do health "$port" >/dev/null && break; sleep 1; done
+  stamp "health of :$port: $(health "$port")"
+  verify_vars "$OUT/units-trial.json"
+  stamp "SPEC: verify stage (the trial)"
+  playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify-trial.log" 2>&1; echo "verify(trial) rc=$?" | tee -a "$OUT/rc.txt"
+  grep -A6 'Say what the speed gate found' "$OUT/stage-verify-trial.log" | head -10
+  spec_state trial
 fi
 
 # --- the rerun's comparison, twice, while the server serves: record, then settled ------
@@ -315,6 +387,7 @@ for name, path in (("before", "plan-before-calibration.json"), ("after", "plan.j
               "ratio %(measured_over_predicted)s" % rows[-1])
 json.dump(rows, open(os.path.join(out, "memory-before-after-calibration.json"), "w"), indent=1)
 PY
+[ -n "${SPEC:-}" ] && python3 "$HERE/spec_summary.py" "$OUT" | tee "$OUT/speculation-summary.txt"
 # Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
 # bundle of everything (the device tool brings back only a few files per call).
 cp /etc/ansible/facts.d/llm_fleet_*.fact "$OUT/" 2>/dev/null
