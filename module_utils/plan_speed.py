@@ -58,12 +58,35 @@ EFFICIENCY_TABLE = {
                                    "(llama.cpp discussion #15013): a 7B's share, low for a 27B"),
     ("volta", "Q8_0", "*"): (0.62, "public V100-PCIE figure, 7B Q8_0, 2024 build (llama.cpp PR #4809): low "
                                    "confidence"),
-    ("volta", "Q3_K", "*"): (0.40, "public V100-PCIE figure, 8B Q3_K_S 0.33 (llama.cpp PR #28912), raised for a "
-                                   "27B's smaller fixed cost; the H200's Q3_K/Q4_K ratio (0.61) gives 0.39"),
-    ("volta", "Q2_K", "*"): (0.45, "public V100-PCIE figure, 8B Q2_K 0.40 (llama.cpp PR #28912), raised for a 27B"),
+    # Q3_K and Q2_K: the 8B figures as measured; the size term moves them to a 27B
+    ("volta", "Q3_K", "*"): (0.31, "public V100-PCIE figure, llama 8B Q3_K_S, llama-bench at one token a step "
+                                   "(llama.cpp PR #28912)"),
+    ("volta", "Q2_K", "*"): (0.375, "public V100-PCIE figure, llama 8B Q2_K, llama-bench at one token a step "
+                                    "(llama.cpp PR #28912)"),
     ("volta", "F16", "*"): (0.75, "public V100-PCIE figure, 7B F16 0.79, 2024 build (llama.cpp PR #4809): low "
                                   "confidence"),
 }
+
+# The model size each table figure was measured at (billions of parameters): a figure
+# moves to another size through the fixed time a token costs (FIXED_TOKEN_SECONDS).
+# (GPU family, quant family) first, then (GPU family, "*"); none: the figure is used as is.
+REFERENCE_PARAMS_B = {
+    ("hopper", "*"): 32.8,                      # the 32B-shaped quant sweeps and servers
+    ("volta", "*"): 27.0,                       # Q4_K (and Q5_K / Q6_K, which borrow it)
+    ("volta", "Q4_0"): 6.74, ("volta", "Q8_0"): 6.74, ("volta", "F16"): 6.74,   # llama 7B
+    ("volta", "Q3_K"): 8.0, ("volta", "Q2_K"): 8.0,                             # llama 8B
+}
+
+# The size term. A token costs the time to read the weights at the kernels' speed plus
+# a fixed time that does not grow with the model (the server's loop, sampling, the
+# graph's launch): time = weights / (bandwidth x e) + t0, so a small model reaches a
+# lower share of its ceiling than a large one at the same e. Fitted on two models of
+# the same 32B shape (64 and 6 layers, Q4_K) served on one H100 through the roles, in
+# two runs: t0 0.31 and 0.47 ms (benchmarks/size_term.py over gpu-host-2026-12-06-models
+# and -models-b). Taken for every family: it is mostly host time (no V100 pair of one
+# weight type at two sizes is in the public figures kept for fitting).
+FIXED_TOKEN_SECONDS = (0.00039, "two models of one 32B shape (64 and 6 layers, Q4_K) on an H100 through the "
+                                "roles: 0.31 and 0.47 ms a token (benchmarks/size_term.py)")
 
 # A weight type the table lacks on a family it has (IQ4_XS on a V100): that family's
 # Q4_K figure, the closest kernel measured on the same cards, labelled assumed. A
@@ -166,36 +189,90 @@ def _records(calibration):
     return out
 
 
+def weight_read_seconds(gpu, model):
+    """The time the card takes to read the model's GPU weights once (a token's floor),
+    or None where the bandwidth or the size is unknown."""
+    try:
+        seconds = float(model.get("gpu_weight_bytes") or 0) / float(gpu.get("memory_bandwidth_bytes_per_s") or 0)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+def at_size(efficiency, measured_s, planned_s):
+    """An efficiency measured where reading the weights took measured_s, moved to a model
+    whose weights take planned_s (FIXED_TOKEN_SECONDS); as is where either is unknown."""
+    if not measured_s or not planned_s or measured_s <= 0 or planned_s <= 0:
+        return efficiency
+    inverse = 1.0 / efficiency + FIXED_TOKEN_SECONDS[0] * (1.0 / planned_s - 1.0 / measured_s)
+    return min(max(1.0 / inverse, EFFICIENCY_RANGE[0]), EFFICIENCY_RANGE[1]) if inverse > 0 else EFFICIENCY_RANGE[1]
+
+
+def _record_seconds(record):
+    """The weight read time of the model a calibration record measured (older records:
+    its ceiling's time, which also counts the planned KV)."""
+    if isinstance(record.get("weight_read_s"), (int, float)) and record["weight_read_s"] > 0:
+        return float(record["weight_read_s"])
+    ceiling = record.get("decode_ceiling_tps")
+    return 1.0 / float(ceiling) if isinstance(ceiling, (int, float)) and ceiling > 0 else None
+
+
+def _reference_seconds(family, qfam, model, planned_s):
+    """The weight read time, on this card, of the model size the table's figure was measured at."""
+    ref_b = REFERENCE_PARAMS_B.get((family, qfam), REFERENCE_PARAMS_B.get((family, "*")))
+    params = float(model.get("params") or 0)
+    if not ref_b or params <= 0 or not planned_s:
+        return None, None
+    return planned_s * ref_b * 1e9 / params, ref_b
+
+
+def _sized(value, measured_s, planned_s, what):
+    """(the value at the planned size, the words that say it moved) for a source."""
+    moved = at_size(value, measured_s, planned_s)
+    if abs(moved - value) < 0.0005:
+        return round(value, 3), ""
+    return round(moved, 3), "; %.3f at this model's size (%s, %.2f ms a token fixed)" % (
+        moved, what, FIXED_TOKEN_SECONDS[0] * 1000)
+
+
 def efficiency_for(gpu, model, calibration=None):
-    """{value, source, gpu_family, quant_family, arch, from}: the fleet's median for
-    cards of this name (then of this family) with this weight type and architecture
-    kind, else the table's figure, else the table's Q4_K figure for this family, else
-    DEFAULT_EFFICIENCY."""
+    """{value, source, gpu_family, quant_family, arch, from, weight_read_s}: the fleet's
+    median for cards of this name (then of this family) with this weight type and
+    architecture kind, else the table's figure, else the table's Q4_K figure for this
+    family, else DEFAULT_EFFICIENCY; each moved to this model's size (at_size)."""
     family, qfam, arch = gpu_family(gpu), quant_family(model.get("quant")), arch_kind(model)
-    out = {"gpu_family": family, "quant_family": qfam, "arch": arch}
+    planned_s = weight_read_seconds(gpu, model)
+    out = {"gpu_family": family, "quant_family": qfam, "arch": arch,
+           "weight_read_s": round(planned_s, 6) if planned_s else None}
     records = [r for r in _records(calibration) if r.get("quant_family") == qfam and r.get("arch") == arch]
     for scope, same in (("name", lambda r: r.get("gpu_name") == gpu.get("name")),
                         ("family", lambda r: r.get("gpu_family") == family)):
         matching = [r for r in records if same(r)]
         if matching:
-            value = _median([float(r["efficiency"]) for r in matching])
+            # each record moved from the size it measured to this model's, then the median
+            value = _median([at_size(float(r["efficiency"]), _record_seconds(r), planned_s) for r in matching])
+            plain = _median([float(r["efficiency"]) for r in matching])
             where = gpu.get("name") if scope == "name" else "%s cards" % family
-            out.update(value=round(value, 3), source="fleet calibration: median of %d measurement(s) on %s, %s %s"
-                       % (len(matching), where, qfam, arch), **{"from": "calibration"})
+            note = "" if abs(value - plain) < 0.0005 else "; %.3f as measured, %.3f at this model's size" % (
+                plain, value)
+            out.update(value=round(value, 3), source="fleet calibration: median of %d measurement(s) on %s, %s %s%s"
+                       % (len(matching), where, qfam, arch, note), **{"from": "calibration"})
             return out
-    for key in ((family, qfam, arch), (family, qfam, "*")):
+    for key, assumed in (((family, qfam, arch), False), ((family, qfam, "*"), False),
+                         ((family, "Q4_K", arch), True), ((family, "Q4_K", "*"), True)):
         if key in EFFICIENCY_TABLE:
             value, source = EFFICIENCY_TABLE[key]
-            out.update(value=value, source=source, **{"from": "table"})
-            return out
-    for key in ((family, "Q4_K", arch), (family, "Q4_K", "*")):
-        if key in EFFICIENCY_TABLE:
-            value, source = EFFICIENCY_TABLE[key]
-            out.update(value=value, source="assumed: the %s Q4_K figure (no measurement of %s on %s cards; %s)"
-                       % (family, qfam, family, source), **{"from": "table"})
+            if assumed:
+                source = "assumed: the %s Q4_K figure (no measurement of %s on %s cards; %s)" % (
+                    family, qfam, family, source)
+            ref_s, ref_b = _reference_seconds(family, key[1], model, planned_s)
+            value, note = _sized(value, ref_s, planned_s, "the figure is for %sB parameters" % ref_b)
+            out.update(value=value, source=source + note, **{"from": "table"})
             return out
     value, source = DEFAULT_EFFICIENCY
-    out.update(value=value, source=source, **{"from": "default"})
+    ref_s, ref_b = _reference_seconds("hopper", "Q4_K", model, planned_s)
+    value, note = _sized(value, ref_s, planned_s, "the figure is for %sB parameters" % ref_b)
+    out.update(value=value, source=source + note, **{"from": "default"})
     return out
 
 
@@ -281,6 +358,8 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
         "arch": eff.get("arch"), "cache_type": plan.get("cache_type_k"), "parallel": slots,
         "efficiency": round(efficiency, 3), "aggregate_exponent": exponent,
         "single_stream_tps": single, "decode_ceiling_tps": plan.get("decode_ceiling_tps"),
+        # the size it was measured at (the size term moves it to another model's)
+        "weight_read_s": eff.get("weight_read_s"),
         # the process's CUDA context as measured (verify: what NVML saw less the plan's other parts)
         "cuda_overhead_bytes": (instance.get("vram") or {}).get("cuda_overhead_bytes"),
         "build": build, "measured_at": measured_at,

@@ -101,7 +101,7 @@ def test_v100_32gb_lands_on_q4_k_m(gpus, dense_meta):
     verdicts = dict((c["quant"], c["verdict"]) for c in p["candidates"])
     assert "below the 25 tok/s floor" in verdicts["Q5_K_M"] and "below" in verdicts["Q6_K"]
     assert "more than the card" in verdicts["Q8_0"]
-    assert "expected 23.8 tok/s (ceiling 59.5) below the 25 tok/s floor" == verdicts["Q3_K_S"]
+    assert "expected 18.9 tok/s (ceiling 59.5) below the 25 tok/s floor" == verdicts["Q3_K_S"]
     assert "Q5_K_M (expected" in p["reason"] and "f16 KV reaches it" in p["reason"]
     assert 40 <= p["decode_ceiling_tps"] < 50
     # expected = ceiling x Volta's Q4_K efficiency (the table: public V100 figures)
@@ -304,20 +304,21 @@ def test_targets_and_cache_preference(gpus, dense_meta):
 def test_types_volta_has_no_figure_for_plan_at_its_own_q4_k_figure(gpus, dense_meta):
     # Q4_0, IQ4_XS and IQ3_M files of a 32B model on a 32 GB V100: IQ types take Volta's
     # Q4_K figure (assumed, and said so), Q4_0 its own; the best quality that meets the
-    # floor is served, not IQ3_M (which the H200's figure for every unknown type chose)
+    # floor is served, not IQ3_M (which the H200's figure for every unknown type chose).
+    # Each figure moved to this 32B's size: Q4_0's was measured on a 7B, Q4_K's on a 27B.
     candidates = [{"quant": q, "size_bytes": int(dense_meta["parameter_count"] * plan_model.quant_bpw(q) / 8),
                    "metadata": dense_meta} for q in ("Q4_0", "IQ4_XS", "IQ3_M")]
     p, = plan(gpus("v100-sxm2-32gb"), candidates)["plans"]
     efficiency = dict((c["quant"], c["decode_efficiency"]) for c in p["candidates"])
-    assert efficiency == {"Q4_0": 0.55, "IQ4_XS": 0.60, "IQ3_M": 0.60}
+    assert efficiency == {"Q4_0": 0.573, "IQ4_XS": 0.602, "IQ3_M": 0.602}
     assert p["quant"] == "Q4_0" and p["expected_decode_tps"] >= 25
 
 
 def test_floor_nobody_meets_picks_the_fastest_expected(gpus, dense_meta):
     result = plan(gpus("v100-sxm2-32gb"), declared(dense_meta), {"min_decode_tps": 500})
     p, = result["plans"]
-    # Q3_K_S has the highest ceiling (fewest bytes), but Volta decodes Q3_K at 0.40 of
-    # its ceiling and Q4_K at 0.60: Q4_K_M is the fastest expected
+    # Q3_K_S has the highest ceiling (fewest bytes), but Volta decodes Q3_K at about 0.32
+    # of its ceiling and Q4_K at 0.60: Q4_K_M is the fastest expected
     by_quant = dict((c["quant"], c) for c in p["candidates"])
     assert by_quant["Q3_K_S"]["decode_ceiling_tps"] > by_quant["Q4_K_M"]["decode_ceiling_tps"]
     assert by_quant["Q3_K_S"]["expected_decode_tps"] < by_quant["Q4_K_M"]["expected_decode_tps"]

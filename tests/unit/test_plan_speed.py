@@ -77,6 +77,55 @@ def test_the_fleet_figure_wins_over_the_table_and_says_so():
     assert ps.efficiency_for(H200, DENSE, cal)["from"] == "table"
 
 
+# The H100 run gpu-host-2026-12-06-models-b: two models of one 32B shape (64 and 6
+# layers, Q4_K) served side by side through the roles, their weights, and what verify measured.
+H100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bandwidth_bytes_per_s": 3.35e12}
+CHAT = dict(DENSE, gpu_weight_bytes=17995583488, params=32.8e9)
+SMALL = dict(DENSE, gpu_weight_bytes=2083991552, params=3.8e9)
+CHAT_CEILING, SMALL_CEILING, CHAT_TPS, SMALL_TPS = 175.8, 1534.5, 79.25, 533.07
+
+
+def test_the_size_term_moves_a_figure_to_another_models_size():
+    big_s, small_s = ps.weight_read_seconds(H100, CHAT), ps.weight_read_seconds(H100, SMALL)
+    assert big_s == pytest.approx(17995583488 / 3.35e12)
+    # the same size: unchanged; smaller: a lower share; back again: the figure it started from
+    assert ps.at_size(0.45, big_s, big_s) == pytest.approx(0.45)
+    down = ps.at_size(0.45, big_s, small_s)
+    assert down < 0.45 and ps.at_size(down, small_s, big_s) == pytest.approx(0.45)
+    # unknown sizes leave it as it is
+    assert ps.at_size(0.45, None, small_s) == 0.45 and ps.at_size(0.45, big_s, None) == 0.45
+    assert ps.weight_read_seconds({"name": "x"}, CHAT) is None
+
+
+def test_a_calibration_of_one_size_predicts_another_closer_than_the_plain_median():
+    # each model's record predicts the other one's speed: with the size term within 12%,
+    # the plain ratio (what the planner used before) 23-30% off
+    def rec(model, ceiling, tps):
+        eff = ps.efficiency_for(H100, model)
+        return dict(record(round(tps / ceiling, 3), gpu_name=H100["name"], family="hopper", uuid=str(tps)),
+                    weight_read_s=eff["weight_read_s"], decode_ceiling_tps=ceiling)
+    for known, other, ceiling, measured in ((rec(CHAT, CHAT_CEILING, CHAT_TPS), SMALL, SMALL_CEILING, SMALL_TPS),
+                                            (rec(SMALL, SMALL_CEILING, SMALL_TPS), CHAT, CHAT_CEILING, CHAT_TPS)):
+        e = ps.efficiency_for(H100, other, {"records": [known]})
+        assert e["from"] == "calibration" and "at this model's size" in e["source"]
+        assert abs(e["value"] * ceiling / measured - 1) < 0.12
+        assert abs(known["efficiency"] * ceiling / measured - 1) > 0.23
+    # an older record without weight_read_s moves by its ceiling's time
+    old = dict(record(round(CHAT_TPS / CHAT_CEILING, 3), gpu_name=H100["name"], family="hopper"),
+               decode_ceiling_tps=CHAT_CEILING)
+    assert ps.efficiency_for(H100, SMALL, {"records": [old]})["value"] < old["efficiency"]
+
+
+def test_a_table_figure_moves_from_the_size_it_was_measured_at():
+    # Volta's Q4_0 figure was measured on a 7B (0.55): a 32B reaches a larger share; the
+    # Q4_K figure (a 27B) barely moves for a 27B and falls for a 9B
+    v100 = dict(V100, memory_bandwidth_bytes_per_s=9e11)
+    q4_0 = ps.efficiency_for(v100, dict(DENSE, quant="Q4_0", params=32e9, gpu_weight_bytes=18e9))
+    assert q4_0["value"] > 0.55 and "figure is for 6.74B" in q4_0["source"]
+    assert ps.efficiency_for(v100, dict(DENSE, params=27e9, gpu_weight_bytes=16e9))["value"] == 0.60
+    assert ps.efficiency_for(v100, dict(DENSE, params=9e9, gpu_weight_bytes=5.5e9))["value"] < 0.59
+
+
 def test_implausible_records_are_ignored():
     cal = {"version": 1, "records": [record(0.0001), record("garbage"), record(7.0)]}
     assert ps.efficiency_for(V100, DENSE, cal)["from"] != "calibration"
