@@ -50,6 +50,8 @@
 # benchmarks/gpu-host/copy-prompt.txt is load-tested on both servers outside verify (a prompt
 # whose answer repeats its own text: where n-gram drafts should pay; COPY_N_PREDICT tokens);
 # spec_summary.py puts the two side by side (speculation-summary.txt / .json).
+# BUILD_ONLY=1: stop after the llama_cpp stage (the compile, ~270-370 s on the lent H100); the
+# next run on the same warm machine skips it (SPEC=1 with a real model needs both: ~650 s in all).
 # verify is handed each instance's fingerprint (a hash of its ExecStart and Environment, as the
 # llama_server stage's fact would), so the speed gate accepts and records the baselines.
 set -uo pipefail
@@ -148,6 +150,14 @@ if [ -f "$fact" ]; then
   cp "$bin/BUILD.json" "$OUT/BUILD.json"
 else
   stamp "no llama.cpp fact: the llama_cpp stage failed"; tail -60 "$OUT/stage-llama_cpp.log"; exit 3
+fi
+
+# BUILD_ONLY=1: stop here. A later run on the same (still warm) machine finds the build installed
+# and skips the compile, so a run too long for one 600 s device call fits in two.
+if [ -n "${BUILD_ONLY:-}" ]; then
+  stamp "BUILD_ONLY: the build is installed; stop"
+  [ -n "${BUNDLE:-}" ] && tar -czf "$BUNDLE" -C "$OUT" .
+  exit 0
 fi
 
 # --- Model stage: the catalogue entry an operator writes for a staged file ----------
