@@ -70,9 +70,18 @@ options:
         is counted on its card; a model that fits nowhere beside those before it fails the
         module by name with the figures. Each plan then has C(model_name), and
         C(placement) says which GPU holds which models (C(docs/planning.md), several
-        models on one host).
+        models on one host). An entry may have a C(draft), as the option below.
     type: list
     elements: dict
+  draft:
+    description:
+      - A draft model for speculative decoding (C(policy.speculative) C(draft-simple)), in a
+        candidate's form. Its weights, a KV cache of the target's context, slots and type, and
+        its compute buffer are budgeted on the card before the target's context is spent, so
+        the configuration is the same with the draft on or off; its vocabulary must be the
+        target's (llama.cpp refuses a difference over 128 tokens). A plan with a draft is
+        not split over GPUs.
+    type: dict
   policy:
     description:
       - What the service needs; every key is optional.
@@ -291,6 +300,7 @@ from ansible.module_utils.plan_explain import plan_summary
 from ansible.module_utils.plan_memory import PlanError
 from ansible.module_utils.plan_model import model_from_metadata
 from ansible.module_utils.plan_models import place_models
+from ansible.module_utils.llama_plan import attach_draft
 
 
 def load_candidates(candidates):
@@ -331,6 +341,18 @@ def load_candidates(candidates):
     return models, warnings
 
 
+def load_draft(draft):
+    """The draft model (a candidate's form: quant and path, or quant, size_bytes and
+    metadata) as a planner model, or None."""
+    if not draft:
+        return None
+    try:
+        (model,), _ = load_candidates([draft])
+    except PlanError as err:
+        raise PlanError(str(err).replace("candidates[0]", "the draft model", 1))
+    return model
+
+
 def host_memory_bytes():
     """The host's RAM (MemTotal), which bounds the instances' prompt caches; None when
     /proc/meminfo cannot be read."""
@@ -354,8 +376,9 @@ def plan_several(gpus, entries, calibration):
                             % (index, entry.get("name") or "no name"))
         models, load_warnings = load_candidates(entry["candidates"])
         warnings.extend("%s: %s" % (entry.get("name"), w) for w in load_warnings)
-        placed.append(dict((k, v) for k, v in entry.items() if k != "candidates"))
-        placed[-1]["models"] = models
+        placed.append(dict((k, v) for k, v in entry.items() if k not in ("candidates", "draft")))
+        placed[-1]["models"] = attach_draft(models, load_draft(entry.get("draft")), entry.get("policy"),
+                                            "model %s" % entry.get("name"))
     result = place_models(gpus, placed, calibration, host_memory_bytes())
     result["summary"] = "\n".join("%s: %s" % (p["model_name"], plan_summary(p)) for p in result["plans"])
     return result, warnings
@@ -367,6 +390,7 @@ def main():
             "gpus": {"type": "list", "elements": "dict", "required": True},
             "candidates": {"type": "list", "elements": "dict"},
             "models": {"type": "list", "elements": "dict"},
+            "draft": {"type": "dict"},
             "policy": {"type": "dict", "default": {}},
             "calibration": {"type": "dict", "default": {}},
         },
@@ -380,6 +404,7 @@ def main():
                                                  module.params["calibration"] or None)
         else:
             models, load_warnings = load_candidates(module.params["candidates"])
+            models = attach_draft(models, load_draft(module.params["draft"]), module.params["policy"])
             result = plan_host(module.params["gpus"], models, module.params["policy"] or {},
                                module.params["calibration"] or None, host_memory_bytes())
     except ImportError:

@@ -40,13 +40,19 @@ PLAN_FLAGS = (
     ("slot_prompt_similarity", "--slot-prompt-similarity", "-sps", (SERVER,)),
     # speculative decoding, where verify measured it pays (module_utils/speculation.py)
     ("spec_type", "--spec-type", "--spec-type", (SERVER,)),
+    # its draft model (spec_type draft-simple): all its layers on the card, the target's KV type
+    ("draft_model_path", "--model-draft", "-md", (SERVER,)),
+    ("draft_n_gpu_layers", "--gpu-layers-draft", "-ngld", (SERVER,)),
+    ("draft_cache_type_k", "--cache-type-k-draft", "-ctkd", (SERVER,)),
+    ("draft_cache_type_v", "--cache-type-v-draft", "-ctvd", (SERVER,)),
 )
 
 # Plan keys whose flag takes no value: present when the plan's value is true. A plan
 # recorded before the key existed runs without it.
 _SWITCH_KEYS = ("backend_sampling",)
 # Plan keys a plan recorded before them lacks: such a plan runs with llama.cpp's default.
-_OPTIONAL_KEYS = ("cache_ram_mib", "slot_prompt_similarity", "spec_type")
+_OPTIONAL_KEYS = ("cache_ram_mib", "slot_prompt_similarity", "spec_type", "draft_model_path", "draft_n_gpu_layers",
+                  "draft_cache_type_k", "draft_cache_type_v")
 # ... and the value that means llama.cpp's default, left off the command line
 _OFF_VALUES = {"spec_type": "none"}
 

@@ -72,9 +72,10 @@ DEFAULT_POLICY = {
     # how much of a slot's cached prompt a request must share to be given that slot
     # (--slot-prompt-similarity, llama.cpp's default 0.1; 0 turns the preference off)
     "slot_prompt_similarity": 0.1,
-    # speculative decoding (llama-server --spec-type): none, or ngram-mod (drafts from the
-    # context's n-grams, no extra weights); served only where verify measured that it pays
-    # (module_utils/speculation.py)
+    # speculative decoding (llama-server --spec-type): none, ngram-mod (drafts from the
+    # context's n-grams, no extra weights) or draft-simple (a small draft model of the same
+    # vocabulary, -md: its weights, KV and compute budgeted on the card); served only where
+    # verify measured that it pays (module_utils/speculation.py)
     "speculative": "none",
 }
 
@@ -191,9 +192,60 @@ def normalize_policy(policy):
         raise PlanError("policy.batch_size (%d) must be at least policy.ubatch_size (%d)"
                         % (out["batch_size"], out["ubatch_size"]))
     if out["speculative"] not in SPEC_TYPES:
-        raise PlanError("policy.speculative must be one of %s, got %r (a draft model, -md, is not planned yet: its "
-                        "weights and KV would have to be budgeted)" % (", ".join(SPEC_TYPES), out["speculative"]))
+        raise PlanError("policy.speculative must be one of %s, got %r" % (", ".join(SPEC_TYPES), out["speculative"]))
     return out
+
+
+# llama.cpp refuses a draft whose vocabulary differs from the target's by more than
+# this many tokens (common/speculative.cpp SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
+DRAFT_VOCAB_MAX_DIFFERENCE = 128
+
+
+def attach_draft(models, draft, policy, what="the model"):
+    """The candidate models with the draft model (plan_model's dict, or None) attached,
+    which plan_memory.card_budget then counts; raises PlanError where the policy and the
+    draft disagree or llama.cpp would refuse the pair."""
+    wanted = (policy or {}).get("speculative", "none")
+    if draft is None:
+        if wanted == "draft-simple":
+            raise PlanError("policy.speculative is draft-simple for %s, but no draft model is given: set its draft "
+                            "(llm_model_draft, or the model's draft in llm_model_models), or choose ngram-mod "
+                            "(no extra weights)" % what)
+        return models
+    if wanted != "draft-simple":
+        raise PlanError("%s has a draft model (%s), but policy.speculative is %r: set it to draft-simple to plan "
+                        "the draft, or remove the draft" % (what, draft.get("path") or draft["quant"], wanted))
+    for model in models:
+        if abs(int(model["n_vocab"]) - int(draft["n_vocab"])) > DRAFT_VOCAB_MAX_DIFFERENCE:
+            raise PlanError("the draft model %s has %d tokens in its vocabulary and %s (%s) %d: llama.cpp refuses a "
+                            "draft whose vocabulary differs by more than %d tokens; choose a draft of the same "
+                            "family (the same tokenizer)" % (draft.get("path") or draft["quant"], draft["n_vocab"],
+                                                             what, model["quant"], model["n_vocab"],
+                                                             DRAFT_VOCAB_MAX_DIFFERENCE))
+        model["draft"] = draft
+    return models
+
+
+def draft_settings(plan, model):
+    """The plan's draft: what it holds and, where speculation serves, the flags' keys. A
+    draft that does not serve (measured first, or no gain) keeps its memory reserved, so
+    the configuration is the same when it is tried, but the process does not hold it."""
+    draft = model.get("draft")
+    if not draft:
+        return
+    memory = plan["memory"]
+    plan["draft"] = {"path": draft.get("path"), "quant": draft["quant"], "n_vocab": draft["n_vocab"],
+                     "weights_bytes": memory["draft_weights_bytes"], "kv_bytes": memory["draft_kv_bytes"],
+                     "compute_bytes": memory["draft_compute_bytes"], "total_bytes": memory["draft_bytes"]}
+    if plan["spec_type"] == "draft-simple":
+        plan.update(draft_model_path=draft.get("path"), draft_n_gpu_layers=draft["n_layer"] + 1,
+                    draft_cache_type_k=plan["cache_type_k"], draft_cache_type_v=plan["cache_type_v"])
+        memory["draft_loaded"] = True
+        return
+    memory["draft_loaded"] = False
+    memory["draft_reserved_bytes"] = memory["draft_bytes"]
+    for key in ("predicted_used_bytes", "predicted_process_bytes"):
+        memory[key] -= memory["draft_bytes"]
 
 
 def physical_cores(cpus):
@@ -372,6 +424,8 @@ def _server_args(plan):
     """llama-server's command line for the plan (short flags, to read); -fit off
     because the plan already fitted every value."""
     shown = dict(plan, model_path=plan["model_path"] or "MODEL.gguf")
+    if shown.get("draft_model_path") is None and "draft_model_path" in shown:
+        shown["draft_model_path"] = "DRAFT.gguf"
     return plan_argv(shown, SERVER, short=True) + list(run_flag("threads", plan["threads"], short=True)) + list(
         run_flag("fit", "off", short=True))
 
@@ -481,6 +535,8 @@ def _plan_line(plan, expected, ceiling, aggregate, efficiency):
     """The budget table's last line: the plan's memory and speed in one line."""
     m = plan["memory"]
     others = (" + others %.2f" % (m["foreign_bytes"] / GIB)) if m.get("foreign_bytes") else ""
+    if m.get("draft_bytes"):
+        others += " + draft %.2f%s" % (m["draft_bytes"] / GIB, "" if m.get("draft_loaded", True) else " (kept free)")
     return ("  plan: %s -c %d -np %d (%d tokens/slot) %s KV, -ngl %s: weights %.2f + kv %.2f + compute %.2f + "
             "overhead %.2f + headroom %.2f%s = %.2f GiB of %.2f GiB; expected %.1f tok/s (ceiling %.1f x %.2f "
             "efficiency, %s), %.1f tok/s over %d slot(s)"
@@ -562,7 +618,8 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
         "memory": memory,
         "warnings": warnings,
     }
-    plan["spec_type"], spec_reason = plan_speculation(plan, policy["speculative"], calibration)
+    plan["spec_type"], spec_reason = plan_speculation(plan, policy["speculative"], calibration, model.get("draft"))
+    draft_settings(plan, model)
     plan["server_args"] = _server_args(plan)
     plan["reason"] = plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, partial)
     if plan["backend_sampling"]:
@@ -598,6 +655,8 @@ def plan_split(gpus, models, policy, calibration=None):
     """The best split of all the host's GPUs over policy.split_modes: (plan, table)
     or (None, [why not]). Ties between modes go to the faster expected stream."""
     best, notes = None, []
+    if any(m.get("draft") for m in models):
+        return None, ["no split: a draft model is planned on one card only (its memory on a split is not modelled)"]
     for mode in policy["split_modes"]:
         usable = models if mode != "tensor" else [m for m in models if tensor_split_supported(m)]
         if not usable:

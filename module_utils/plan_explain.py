@@ -163,10 +163,16 @@ def plan_reason(gpu, plan, chosen, evaluations, verdicts, config, policy, met, p
                "output layer" % gib(model["token_embd_bytes"])
     else:
         embd = "%s of token embeddings stay in host memory" % gib(model["token_embd_bytes"])
+    draft = ""
+    if m.get("draft_bytes"):
+        draft = ", the draft model %s (weights %s, its KV %s, compute %s%s)" % (
+            gib(m["draft_bytes"]), gib(m["draft_weights_bytes"]), gib(m["draft_kv_bytes"]),
+            gib(m["draft_compute_bytes"]), "" if m.get("draft_loaded") else
+            "; kept free while it does not serve, so the configuration stays the same when it is tried")
     parts.append("Memory: weights %s on the GPU (%s), %s, compute %s, "
-                 "CUDA and driver overhead %s, headroom %s: %s of %s, %s free." % (
+                 "CUDA and driver overhead %s, headroom %s%s: %s of %s, %s free." % (
                      gib(m["weights_bytes"]), embd, kv_desc, gib(m["compute_bytes"]),
-                     gib(m["overhead_bytes"]), gib(m["headroom_bytes"]), gib(m["total_bytes"]),
+                     gib(m["overhead_bytes"]), gib(m["headroom_bytes"]), draft, gib(m["total_bytes"]),
                      gib(m["gpu_total_bytes"]), gib(m["free_bytes"])))
     eff = plan["decode_efficiency"]
     parts.append("Speed at %d%% slot fill: ceiling %.1f tok/s; expected %.1f tok/s single-stream (efficiency %.2f "
@@ -191,10 +197,14 @@ def plan_summary(plan):
     indices = plan.get("gpu_indices") or [plan["gpu_index"]]
     label = ("GPUs %s (%s split)" % ("+".join(str(i) for i in indices), plan.get("split_mode"))
              if plan.get("split_mode", "none") != "none" else "GPU %s" % plan["gpu_index"])
-    return ("%s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used + %.1f GiB headroom of %.1f GiB, "
+    draft = ""
+    if memory.get("draft_bytes"):
+        draft = " (with a %.1f GiB draft model)" % (memory["draft_bytes"] / GIB) if memory.get("draft_loaded") else \
+            " + %.1f GiB kept free for a draft model" % (memory["draft_bytes"] / GIB)
+    return ("%s%s: %s, -c %d -np %d (%d tokens/slot), %s KV, %s%.1f GiB used%s + %.1f GiB headroom of %.1f GiB, "
             "%s"
             % (label, name, plan["quant"], plan["ctx_size"], plan["parallel"], ctx_per_slot,
                plan["cache_type_k"], "-ngl %d (partial), " % plan["n_gpu_layers"] if plan.get("partial_offload") else "",
-               memory["predicted_used_bytes"] / GIB, memory.get("headroom_bytes", 0) / GIB,
+               memory["predicted_used_bytes"] / GIB, draft, memory.get("headroom_bytes", 0) / GIB,
                memory["gpu_total_bytes"] / GIB, speed))
 

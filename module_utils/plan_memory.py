@@ -325,7 +325,8 @@ def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers
     headroom = policy["headroom_bytes"]
     # what other processes hold on the card, when the policy plans around them (plan_around)
     foreign = int(gpu.get("memory_foreign_bytes") or 0)
-    total = weights + caches["total"] + compute + overhead + headroom + foreign
+    draft = draft_budget(model.get("draft"), policy, ctx_size, parallel, cache_type, fa)
+    total = weights + caches["total"] + compute + overhead + headroom + foreign + draft["total"]
     return {
         "weights_bytes": weights,
         "kv_bytes": caches["total"],
@@ -347,7 +348,26 @@ def card_budget(model, gpu, policy, ctx_size, parallel, cache_type, n_gpu_layers
         "predicted_process_bytes": total - headroom - reserved - foreign,
         "free_bytes": total_card - total,
         "host_weights_bytes": model["token_embd_bytes"] if full_offload else model["weight_bytes"] - weights,
+        # a draft model for speculative decoding, in the same process (0 without one)
+        "draft_bytes": draft["total"],
+        "draft_weights_bytes": draft["weights"],
+        "draft_kv_bytes": draft["kv"],
+        "draft_compute_bytes": draft["compute"],
     }
+
+
+def draft_budget(draft, policy, ctx_size, parallel, cache_type, flash_attn=True):
+    """What a draft model (-md) adds to its server's process: all its layers on the card
+    (-ngld), a context of the target's size and slots (llama.cpp's draft context holds as
+    many tokens per sequence as the target's, common/speculative.cpp) with the target's
+    KV type (-ctkd/-ctvd), and its own compute buffer. Zeros without a draft."""
+    if not draft:
+        return {"weights": 0, "kv": 0, "compute": 0, "total": 0}
+    ubatch = policy["ubatch_size"]
+    kv = cache_bytes(draft, ctx_size, parallel, cache_type, ubatch)["total"]
+    compute = compute_bytes(draft, ubatch, ctx_size // parallel, flash_attn, cache_type, parallel)
+    weights = draft["gpu_weight_bytes"]
+    return {"weights": weights, "kv": kv, "compute": compute, "total": weights + kv + compute}
 
 
 def fits(memory):

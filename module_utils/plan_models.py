@@ -119,6 +119,13 @@ def _assign(cards, entries, room):
     return held, minimum
 
 
+def held_bytes(plan):
+    """What a planned instance keeps of its card: its process, and a draft model's memory
+    kept free while the draft does not serve (it may be tried on the next run)."""
+    memory = plan["memory"]
+    return memory["predicted_process_bytes"] + int(memory.get("draft_reserved_bytes") or 0)
+
+
 def _plan_each(cards, entries, held, minimum, calibration):
     """Step 2: each model planned in priority order on each of its cards, in what the
     models before it took and the minimums of those after it leave. Returns
@@ -134,7 +141,7 @@ def _plan_each(cards, entries, held, minimum, calibration):
             gpu = cards[index]
             position = held[index].index(name)
             before, after = held[index][:position], held[index][position + 1:]
-            others = (sum(planned[(n, index)]["memory"]["predicted_process_bytes"] for n in before)
+            others = (sum(held_bytes(planned[(n, index)]) for n in before)
                       + sum(minimum[(n, index)][0] for n in after))
             seen = dict(gpu, memory_foreign_bytes=int(gpu.get("memory_foreign_bytes") or 0) + others)
             try:
@@ -147,7 +154,7 @@ def _plan_each(cards, entries, held, minimum, calibration):
                 _shared(plan, index, gpu, others)
                 plan["reason"] += (" Shares GPU %s with %s: %.2f GiB of the card counted as theirs (%s)." % (
                     index, ", ".join(before + after), others / GIB, "; ".join(
-                        ["%s planned %.2f GiB" % (n, planned[(n, index)]["memory"]["predicted_process_bytes"] / GIB)
+                        ["%s planned %.2f GiB" % (n, held_bytes(planned[(n, index)]) / GIB)
                          for n in before] + ["%s kept at least %.2f GiB" % (n, minimum[(n, index)][0] / GIB)
                                              for n in after])))
             planned[(name, index)] = plan
@@ -172,10 +179,10 @@ def place_models(gpus, entries, calibration=None, host_memory_bytes=None):
     table = ["%s: %s" % (name, line) for name, _, lines in order for line in lines]
     warnings = ["%s: %s" % (name, w) for name, plan, _ in order for w in plan["warnings"]]
     for index in sorted(cards):
-        used = sum(planned[(n, index)]["memory"]["predicted_process_bytes"] for n in held[index])
+        used = sum(held_bytes(planned[(n, index)]) for n in held[index])
         table.append("GPU %s: %s; %.2f of %.2f GiB for instances used, %.2f GiB left" % (
             index, ", ".join("%s %s (%.2f GiB)" % (n, planned[(n, index)]["quant"],
-                                                  planned[(n, index)]["memory"]["predicted_process_bytes"] / GIB)
+                                                  held_bytes(planned[(n, index)]) / GIB)
                              for n in held[index]) or "no model", used / GIB, room[index] / GIB,
             (room[index] - used) / GIB))
     table.append("host: %s" % prompt_cache(plans, entries[0]["policy"], host_memory_bytes))

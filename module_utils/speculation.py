@@ -22,7 +22,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-SPEC_TYPES = ("none", "ngram-mod")
+SPEC_TYPES = ("none", "ngram-mod", "draft-simple")
 DEFAULT_MIN_GAIN = 0.05
 # what must be equal for the planner to read a measurement as this plan's (the speed
 # gate's configuration key without the load test's request length, which the planner
@@ -56,12 +56,20 @@ def check_min_gain(value):
     return gain
 
 
-def plan_speculation(plan, wanted, calibration=None):
-    """(spec_type, reason) for a plan whose policy asks for `wanted` (none, ngram-mod)."""
+def _label(wanted, draft):
+    if wanted != "draft-simple" or not draft:
+        return "Speculative decoding (%s, no extra weights or memory)" % wanted
+    return "Speculative decoding (%s with the draft model %s)" % (
+        wanted, (draft.get("candidate") or {}).get("name") or draft.get("path") or draft["quant"])
+
+
+def plan_speculation(plan, wanted, calibration=None, draft=None):
+    """(spec_type, reason) for a plan whose policy asks for `wanted` (none, ngram-mod,
+    draft-simple with the draft model `draft`)."""
     if wanted in (None, "none"):
         return "none", ""
     calibration = calibration or {}
-    label = "Speculative decoding (%s, no extra weights or memory)" % wanted
+    label = _label(wanted, draft)
     verdicts = [v for v in calibration.get("speculation") or [] if isinstance(v, dict)
                 and v.get("spec_type") == wanted and _same(v.get("config"), plan)]
     if verdicts:

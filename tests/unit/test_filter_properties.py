@@ -148,6 +148,7 @@ REALISTIC = {
     "llm_model_served": ([{"name": "chat", "catalogue": CATALOGUE, "policy": {"min_ctx": 4096}},
                           {"name": "embed", "catalogue": CATALOGUE[:1], "gpus": 1}], [], "", {}, "/srv/models"),
     "llm_model_plan_models": (SERVED_MODELS, [dict(PLAN, model_name="chat")]),
+    "llm_model_draft_candidate": (ENTRIES[0],),
     "llm_model_fetch_all": (SERVED_MODELS, [dict(PLAN, model_name="chat"), dict(PLAN, model_name="embed")]),
     "llm_model_records": ([dict(PLAN, model_name="chat"), dict(PLAN, model_name="embed")], SERVED_MODELS, FETCHED,
                           FIT, "llama-fit-params", "/srv/models", {"plans": [dict(PLAN, model_name="chat")],

@@ -715,3 +715,84 @@ def test_plans_say_how_long_the_first_token_takes(gpus, dense_meta):
     assert t4["first_token"]["prompt_tps"] is None and t4["first_token"]["ttft_s"] is None
     assert t4["first_token"]["source"] == "not modelled for a partial offload (the layers in host memory bound the prompt)"
     assert "First token" not in t4["reason"]
+
+
+# --- a draft model for speculative decoding (policy.speculative: draft-simple) --------
+
+def draft_meta(meta):
+    """A 0.5B-class draft of the same family: the target's vocabulary, 24 layers of 896."""
+    return dict(meta, block_count=24, embedding_length=896, feed_forward_length=4864, head_count=14,
+                head_count_kv=2, parameter_count=494000000)
+
+
+def draft_entry(meta, path=None):
+    return {"quant": "Q8_0", "size_bytes": int(494000000 * 8.5 / 8), "metadata": draft_meta(meta),
+            "path": path or "/var/lib/llm-fleet/models/draft-0.5b-q8_0.gguf"}
+
+
+def plan_with_draft(gpus, candidates, draft, policy=None, calibration=None):
+    return run_module("llama_plan", {"gpus": gpus, "candidates": candidates, "draft": draft,
+                                     "policy": dict({"speculative": "draft-simple"}, **(policy or {})),
+                                     "calibration": calibration or {}})
+
+
+def test_a_draft_models_memory_is_budgeted_before_the_context(gpus, dense_meta):
+    card = gpus("v100-sxm2-32gb")
+    alone, = plan(card, declared(dense_meta, ("Q4_K_M",)))["plans"]
+    result = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta))
+    assert not result.get("failed"), result.get("msg")
+    p, = result["plans"]
+    m, draft = p["memory"], p["draft"]
+    # its weights, a KV cache of the target's context, slots and type, and its compute buffer
+    dm = plan_model.model_from_metadata("Q8_0", draft_meta(dense_meta), size_bytes=int(494000000 * 8.5 / 8))
+    kv = plan_memory.cache_bytes(dm, p["ctx_size"], p["parallel"], p["cache_type_k"], p["ubatch_size"])["total"]
+    assert draft["weights_bytes"] == dm["gpu_weight_bytes"] and draft["kv_bytes"] == kv
+    assert draft["total_bytes"] == m["draft_bytes"] == draft["weights_bytes"] + kv + draft["compute_bytes"]
+    assert m["total_bytes"] == sum(m[k] for k in PARTS) + m["draft_bytes"] <= m["gpu_total_bytes"]
+    # the card gives the target less context than alone
+    assert p["ctx_size"] * p["parallel"] <= alone["ctx_size"] * alone["parallel"]
+    # no baseline without it yet: the draft does not serve, but its memory stays reserved
+    # (the configuration is the same when it is tried), and the process is predicted without it
+    assert p["spec_type"] == "none" and m["draft_loaded"] is False and m["draft_reserved_bytes"] == m["draft_bytes"]
+    assert m["predicted_used_bytes"] == m["total_bytes"] - m["headroom_bytes"] - m["draft_bytes"]
+    assert "-md" not in p["server_args"] and "measured first" not in p["reason"]
+    assert "no measurement of this configuration without it yet" in p["reason"]
+
+
+def test_a_draft_on_trial_is_on_the_command_line_with_the_targets_kv_type(gpus, dense_meta):
+    card = gpus("v100-sxm2-32gb")
+    first, = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta))["plans"]
+    key = {k: first[k] for k in ("gpu_name", "quant", "ctx_size", "parallel", "cache_type_k")}
+    baseline = {"config": dict(key, split_mode="none", spec_type="none"), "figures": {"single_stream_tps": 25.0}}
+    p, = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta),
+                         calibration={"baselines": [baseline]})["plans"]
+    assert (p["ctx_size"], p["parallel"]) == (first["ctx_size"], first["parallel"])
+    assert p["spec_type"] == "draft-simple" and p["memory"]["draft_loaded"] is True
+    args = p["server_args"]
+    assert args[args.index("--spec-type") + 1] == "draft-simple"
+    assert args[args.index("-md") + 1] == "/var/lib/llm-fleet/models/draft-0.5b-q8_0.gguf"
+    assert args[args.index("-ngld") + 1] == "25"
+    assert args[args.index("-ctkd") + 1] == args[args.index("-ctk") + 1] == p["cache_type_k"]
+    assert p["memory"]["predicted_used_bytes"] == p["memory"]["total_bytes"] - p["memory"]["headroom_bytes"]
+    assert "with the draft model" in p["reason"] and "a trial" in p["reason"]
+
+
+@pytest.mark.parametrize("policy,draft,message", [
+    ({"speculative": "draft-simple"}, None, "no draft model is given"),
+    ({"speculative": "ngram-mod"}, "draft", "set it to draft-simple"),
+    ({}, "draft", "set it to draft-simple"),
+    ({"speculative": "draft-simple"}, "other vocabulary", "differs by more than 128"),
+])
+def test_a_draft_and_the_policy_must_agree(gpus, dense_meta, policy, draft, message):
+    entry = None if draft is None else draft_entry(dense_meta)
+    if draft == "other vocabulary":
+        entry["metadata"] = dict(entry["metadata"], vocab_size=32000)
+    result = run_module("llama_plan", dict({"gpus": gpus("v100-sxm2-32gb"), "candidates": declared(dense_meta),
+                                            "policy": policy}, **({"draft": entry} if entry else {})))
+    assert result.get("failed") and message in result["msg"]
+
+
+def test_a_draft_is_planned_on_one_card_not_split(gpus, dense_meta):
+    # two 16 GB cards: the 32B needs a split alone; with a draft it is refused by name
+    result = plan_with_draft(gpus("2x-v100-sxm2-16gb-nvlink"), declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta))
+    assert result.get("failed") and "a draft model is planned on one card only" in result["msg"]

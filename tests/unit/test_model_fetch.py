@@ -746,3 +746,31 @@ def test_one_model_record_is_unchanged_but_names_its_instance():
             plan.pop(key)
     assert dict(record, models=None) == dict(one, models=None)
     assert "placement" not in record
+
+
+def test_a_draft_model_is_checked_handed_to_the_planner_and_fetched():
+    draft = _catalogue("draft")[0]
+    served = F.llm_model_served([], _catalogue("q4"), "Qwen", {"speculative": "draft-simple"}, "/m", draft)
+    entry = served[0]["draft"]
+    assert entry["model_path"] == "/m/draft.gguf"
+    cand = F.llm_model_draft_candidate(entry)
+    assert cand["quant"] == draft["quant"] and cand["path"] == "/m/draft.gguf"
+    assert F.llm_model_draft_candidate(None) is None
+    # fetched with the chosen file, whether or not it serves yet
+    plans = [dict(PLAN, model_path="/m/q4.gguf")]
+    assert [f["name"] for f in F.llm_model_fetch_all(served, plans)] == ["q4.gguf", "draft.gguf"]
+    # several models: each its own draft
+    several = F.llm_model_served([{"name": "chat", "catalogue": _catalogue("chat"), "draft": draft}], [], "", {}, "/m")
+    assert F.llm_model_plan_models(several)[0]["draft"]["path"] == "/m/draft.gguf"
+    assert "draft" not in F.llm_model_plan_models(F.llm_model_served([], _catalogue("q4"), "", {}, "/m"))[0]
+
+
+@pytest.mark.parametrize("models,draft,words", [
+    ([], ["not", "a", "dict"], "llm_model_draft must be one catalogue entry"),
+    ([], {"quant": "Q8_0"}, "llm_model_draft[0] (Q8_0)"),
+    ([{"name": "chat", "catalogue": _catalogue("a")}], {"quant": "Q8_0"}, "give each model its own draft"),
+])
+def test_a_bad_draft_is_refused_by_name(models, draft, words):
+    with pytest.raises(F.AnsibleFilterError) as err:
+        F.llm_model_served(models, [] if models else _catalogue("q4"), "", {}, "/m", draft)
+    assert words in str(err.value)

@@ -103,8 +103,14 @@ def test_the_flag_and_the_policy():
     argv = plan_argv(dict(base, spec_type="ngram-mod"), SERVER)
     assert argv[argv.index("--spec-type") + 1] == "ngram-mod"
     assert normalize_policy({})["speculative"] == "none"
-    with pytest.raises(PlanError, match="a draft model"):
+    with pytest.raises(PlanError, match="must be one of none, ngram-mod, draft-simple"):
         normalize_policy({"speculative": "draft"})
+    # a draft model's flags, only where the plan serves it
+    argv = plan_argv(dict(base, spec_type="draft-simple", draft_model_path="/d.gguf", draft_n_gpu_layers=25,
+                          draft_cache_type_k="q8_0", draft_cache_type_v="q8_0"), SERVER)
+    assert argv[argv.index("--model-draft") + 1] == "/d.gguf" and argv[argv.index("--gpu-layers-draft") + 1] == "25"
+    assert argv[argv.index("--cache-type-k-draft") + 1] == argv[argv.index("--cache-type-v-draft") + 1] == "q8_0"
+    assert "--model-draft" not in plan_argv(dict(base, spec_type="none"), SERVER)
     # without speculation the speed gate's configuration key is what it always was
     assert "spec_type" not in sg.config_key(record()) and "spec_type" not in sg.config_key(
         dict(record(), spec_type="none"))

@@ -37,7 +37,9 @@ SYSTEMD_OLDEST_SUPPORTED = 245
 CPU_ID_LIMIT = 1 << 16
 # Flags the role cannot run without: a build that lacks one cannot serve the plan
 # as asked (and without --api-key-file it would serve without authentication).
-_ESSENTIAL_FLAGS = ("--model", "--ctx-size", "--parallel", "--port", "--host", "--api-key-file")
+_ESSENTIAL_FLAGS = ("--model", "--ctx-size", "--parallel", "--port", "--host", "--api-key-file",
+                    # a plan whose draft model serves (the verdict would measure something else without it)
+                    "--model-draft")
 # Other spellings of flags the role sets, which llama_server_extra_args may not repeat.
 _OWNED_ALIASES = ("-a", "--gpu-layers", "--api-key", "--mlock", "--load-mode")
 

@@ -435,16 +435,30 @@ def llm_model_record(plans, entries, fetched, fit_results=None, fit_tool="", mod
 # A model's name names its systemd instances (llama-server@<gpu>-<name>), its front
 # backend and its /metrics path: what all three take.
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
-_MODELS_KEYS = ("name", "catalogue", "policy", "gpus", "load")
+_MODELS_KEYS = ("name", "catalogue", "policy", "gpus", "load", "draft")
 
 
-def llm_model_served(models, catalogue, name, policy, model_dir):
+def _draft_entry(draft, model_dir, where):
+    """A model's draft model (speculative decoding, policy.speculative draft-simple): one
+    catalogue entry, checked as the catalogue's are; None without one."""
+    if draft in (None, "", {}):
+        return None
+    if not isinstance(draft, dict):
+        _fail("%s must be one catalogue entry (quant, url or hf_repo + hf_file or path, sha256, size_bytes, "
+              "metadata), got %r" % (where, draft))
+    return llm_model_entries([draft], model_dir, where)[0]
+
+
+def llm_model_served(models, catalogue, name, policy, model_dir, draft=None):
     """The models this host serves, in priority order: [{name, rank, entries, policy,
-    gpus}]. `models` is llm_model_models (several models); empty, the one-model form
-    (llm_model_catalogue, llm_model_name, llm_model_policy) is the only entry."""
+    gpus, draft}]. `models` is llm_model_models (several models); empty, the one-model
+    form (llm_model_catalogue, llm_model_name, llm_model_policy, llm_model_draft) is the
+    only entry."""
     if models in (None, "", []):
         return [{"name": name or "", "rank": 0, "entries": llm_model_entries(catalogue, model_dir),
-                 "policy": policy or {}, "gpus": "every"}]
+                 "policy": policy or {}, "gpus": "every", "draft": _draft_entry(draft, model_dir, "llm_model_draft")}]
+    if draft not in (None, "", {}):
+        _fail("llm_model_draft is set with llm_model_models: give each model its own draft in llm_model_models")
     if not isinstance(models, list):
         _fail("llm_model_models must be a list of {name, catalogue, policy, gpus, load}, got %r" % (models,))
     if catalogue:
@@ -486,8 +500,22 @@ def llm_model_served(models, catalogue, name, policy, model_dir):
                 if seen[0] != model and seen[1] != f["sha256"]:
                     _fail("%s (%s): file %s is also model %s's file, with another sha256: give one of them another "
                           "name" % (where, model, f["dest"], seen[0]))
-        served.append({"name": model, "rank": rank, "entries": entries, "policy": policy_m, "gpus": gpus})
+        served.append({"name": model, "rank": rank, "entries": entries, "policy": policy_m, "gpus": gpus,
+                       "draft": _draft_entry(raw.get("draft"), model_dir, "%s.draft" % where)})
     return served
+
+
+def llm_model_draft_candidate(entry):
+    """llama_plan's draft option for a served model's draft entry (None: omit it): its
+    declared figures with the path it has on the hosts (read there when it is on disk)."""
+    if not entry:
+        return None
+    cand = {"quant": entry["quant"], "path": entry["source_path"] or entry["model_path"]}
+    if entry["metadata"]:
+        cand.update(metadata=entry["metadata"], path=entry["model_path"])
+        if entry["size_bytes"]:
+            cand["size_bytes"] = entry["size_bytes"]
+    return cand
 
 
 def _of_model(plans, name):
@@ -498,9 +526,14 @@ def llm_model_plan_models(served, plans=None):
     """llama_plan's models option for the served models (their candidates as
     llm_model_candidates gives them: before the download every entry, after it the
     ones the first plans chose)."""
-    return [{"name": m["name"], "policy": m["policy"], "gpus": m["gpus"],
-             "candidates": llm_model_candidates(m["entries"], None if plans is None else _of_model(plans, m["name"]))}
-            for m in served]
+    out = []
+    for m in served:
+        out.append({"name": m["name"], "policy": m["policy"], "gpus": m["gpus"],
+                    "candidates": llm_model_candidates(m["entries"], None if plans is None
+                                                       else _of_model(plans, m["name"]))})
+        if m.get("draft"):
+            out[-1]["draft"] = llm_model_draft_candidate(m["draft"])
+    return out
 
 
 def llm_model_fetch_all(served, plans):
@@ -508,7 +541,11 @@ def llm_model_fetch_all(served, plans):
     share is fetched once)."""
     files, seen = [], set()
     for model in served:
-        for item in llm_model_fetch_files(model["entries"], _of_model(plans, model["name"])):
+        items = llm_model_fetch_files(model["entries"], _of_model(plans, model["name"]))
+        if model.get("draft"):
+            # on disk before it is tried, so the trial's restart waits on no download
+            items += llm_model_fetch_files([model["draft"]], [{"candidate": {"catalogue_index": 0}}])
+        for item in items:
             if item["name"] not in seen:
                 seen.add(item["name"])
                 files.append(item)
@@ -577,6 +614,7 @@ class FilterModule(object):
             "llm_model_fit_estimate": llm_model_fit_estimate,
             "llm_model_record": llm_model_record,
             "llm_model_served": llm_model_served,
+            "llm_model_draft_candidate": llm_model_draft_candidate,
             "llm_model_plan_models": llm_model_plan_models,
             "llm_model_fetch_all": llm_model_fetch_all,
             "llm_model_records": llm_model_records,
