@@ -18,7 +18,12 @@ kernel 4); ssm_a, ssm_dt.bias and ssm_conv1d f32 too.
 Tensor data is streamed: one pool of random Q4_K blocks (with small f16 scales,
 so activations stay finite) is generated once and every tensor is a slice of it.
 
-    python make_random_gguf.py OUT.gguf [--shape qwen25-32b|qwen35-27b] [--layers N] [--quick]
+--draft (qwen25-32b): a draft model for speculative decoding of the same vocabulary
+(152064 tokens, so llama.cpp pairs it with the 32B-shaped one): a Qwen2.5-0.5B-class
+shape, 24 layers, 1024 wide (Q4_K rows must be a multiple of 256; the real 0.5B is
+896), 16 heads, 2 KV heads x 64, FFN 4864: about 0.41 GB in Q4_K.
+
+    python make_random_gguf.py OUT.gguf [--shape qwen25-32b|qwen35-27b] [--layers N] [--quick|--draft]
     # needs gguf-py (llama.cpp/gguf-py)
 """
 import argparse
@@ -44,6 +49,13 @@ SHAPES = {
                    dict(n_layer=4, n_embd=512, n_head=2, n_head_kv=1, n_ff=1024, n_vocab=4096, n_ctx=4096,
                         ssm_k_heads=2, ssm_v_heads=6),
                    "random Qwen3.5-27B-shaped Q4_K (llm-fleet benchmark)"),
+}
+
+
+# --draft: (what it changes, general.name) per shape; the vocabulary is the shape's own
+DRAFTS = {
+    "qwen25-32b": (dict(n_layer=24, n_embd=1024, n_head=16, n_head_kv=2, head_dim=64, n_ff=4864),
+                   "random Qwen2.5-0.5B-class draft Q4_K, Qwen2.5 vocabulary (llm-fleet benchmark)"),
 }
 
 
@@ -126,9 +138,15 @@ def main():
     parser.add_argument("--layers", type=int, default=None, help="block count (default: the shape's)")
     parser.add_argument("--quick", action="store_true",
                         help="a small (512-wide, 2 layers; hybrid: 4) model of the same layout (tests)")
+    parser.add_argument("--draft", action="store_true",
+                        help="a 0.5B-class draft model of the shape's vocabulary (speculative decoding; qwen25-32b)")
     args = parser.parse_args()
     base, quick, name = SHAPES[args.shape]
+    if args.draft and (args.quick or args.shape not in DRAFTS):
+        parser.error("--draft: only with --shape %s and without --quick" % "/".join(sorted(DRAFTS)))
     shape = dict(quick) if args.quick else {}
+    if args.draft:
+        shape, name = dict(DRAFTS[args.shape][0]), DRAFTS[args.shape][1]
     if args.layers:
         shape["n_layer"] = args.layers
     start = time.time()

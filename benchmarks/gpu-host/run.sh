@@ -50,6 +50,13 @@
 # benchmarks/gpu-host/copy-prompt.txt is load-tested on both servers outside verify (a prompt
 # whose answer repeats its own text: where n-gram drafts should pay; COPY_N_PREDICT tokens);
 # spec_summary.py puts the two side by side (speculation-summary.txt / .json).
+# DRAFT=1 (with SPEC=1, one model): the same flow with POLICY's "speculative": "draft-simple" and a
+# draft model (llm_model_draft): make_random_gguf.py --draft writes a random-weight 0.5B-class model
+# of the 32B shape's vocabulary (24 layers, 1024 wide, Q4_K, ~0.41 GB) at DRAFT_MODEL, catalogued by
+# path like MODEL. The baseline plan reserves the draft's memory without loading it; the trial serves
+# it (--model-draft, -ngld, --cache-type-k/v-draft). nvidia-smi's per-process memory is kept for
+# both servers (nvidia-smi-compute-apps-{baseline,trial}.csv) and spec_summary.py sets it beside the
+# plans' predicted_process_bytes, with the draft's share (predicted, and measured trial - baseline).
 # BUILD_ONLY=1: stop after the llama_cpp stage (the compile, ~270-370 s on the lent H100); the
 # next run on the same warm machine skips it (SPEC=1 with a real model needs both: ~650 s in all).
 # verify is handed each instance's fingerprint (a hash of its ExecStart and Environment, as the
@@ -94,6 +101,13 @@ if [ -n "${MODELS:-}" ] && [ ! -f "$SMALL" ]; then
     && sha256sum "$SMALL" | cut -d' ' -f1 > "$SMALL.sha256" ) > "$OUT/model-write-small.log" 2>&1 &
   SMALL_PID=$!
 fi
+DRAFT_MODEL=${DRAFT_MODEL:-/var/lib/llm-fleet/staged/qwen2.5-0.5b-class-draft-q4_k-random.gguf}
+DRAFT_PID=
+if [ -n "${DRAFT:-}" ] && [ ! -f "$DRAFT_MODEL" ]; then
+  ( PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" "$DRAFT_MODEL" --draft \
+    && sha256sum "$DRAFT_MODEL" | cut -d' ' -f1 > "$DRAFT_MODEL.sha256" ) > "$OUT/model-write-draft.log" 2>&1 &
+  DRAFT_PID=$!
+fi
 # The stand-in systemctl answers `show` for the instances started below (their MainPID).
 export GPUHOST_PIDS=$WORK/pids
 rm -rf "$GPUHOST_PIDS"; mkdir -p "$GPUHOST_PIDS"
@@ -134,6 +148,7 @@ ANSIBLE_CACHE_PLUGIN_CONNECTION=$WORK/facts-check playbook playbooks/gpu_tuning.
 echo "gpu_tuning(check) rc=$?" >> "$OUT/rc.txt"
 [ -n "$MODEL_PID" ] && { wait "$MODEL_PID"; stamp "model written: $(tail -1 "$OUT/model-write.log")"; }
 [ -n "$SMALL_PID" ] && { wait "$SMALL_PID"; stamp "small model written: $(tail -1 "$OUT/model-write-small.log")"; }
+[ -n "$DRAFT_PID" ] && { wait "$DRAFT_PID"; stamp "draft model written: $(tail -1 "$OUT/model-write-draft.log")"; }
 wait "$BUILD_PID"
 stamp "$(tail -1 "$OUT/rc.txt")"
 grep -A12 'TASK \[llama_cpp : Report the build\]' "$OUT/stage-llama_cpp.log" | head -20
@@ -169,6 +184,9 @@ llm_model_catalogue:
     path: $MODEL
     sha256: $sha
     size_bytes: $(stat -c %s "$MODEL")
+YML
+[ -n "${DRAFT:-}" ] && cat >> "$WORK/host-vars.yml" <<YML
+llm_model_draft: {quant: Q4_K, path: $DRAFT_MODEL, sha256: $(cat "$DRAFT_MODEL.sha256"), size_bytes: $(stat -c %s "$DRAFT_MODEL")}
 YML
 else
 cat >> "$WORK/host-vars.yml" <<YML
@@ -309,6 +327,10 @@ spec_state() {
   cp /etc/llm-fleet/plan.json "$OUT/plan-$1.json"
   cp /etc/ansible/facts.d/llm_fleet_verify.fact "$OUT/verify-$1.fact.json"
   cp "$OUT/decode-calibration.json" "$OUT/decode-calibration-$1.json"
+  # the process's own memory (the server, after verify's load test), for spec_summary.py
+  { echo "server_pid=$(cat "$GPUHOST_PIDS/llama-server@0.service.pid")"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv; } > "$OUT/nvidia-smi-compute-apps-$1.csv" 2>&1
   metrics "$OUT/metrics-$1-after-verify.txt"
   stamp "SPEC: copy prompt against the $1 server"
   timeout 200 python3 roles/verify/files/llm_fleet_loadtest.py --url "http://127.0.0.1:$port" --streams 1,slots \

@@ -77,6 +77,48 @@ def acceptance_lines(path):
             "acceptance": round(accepted / float(drafted), 4) if drafted else None}
 
 
+def process_mib(path):
+    """(the server's own MiB, the card's used MiB) from nvidia-smi-compute-apps-<state>.csv
+    (run.sh: server_pid=, the compute apps, the card); Nones where absent."""
+    try:
+        with open(path) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None, None
+    pid = next((line.split("=", 1)[1].strip() for line in lines if line.startswith("server_pid=")), None)
+    own = card = None
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 3 and cells[0] == pid and cells[2].endswith("MiB"):
+            own = int(cells[2].split()[0])
+        elif len(cells) == 2 and cells[0].endswith("MiB") and cells[1].endswith("MiB"):
+            card = int(cells[0].split()[0])
+    return own, card
+
+
+def memory_figures(out, state, plan, fact):
+    """What the plan predicted for the server's process and the card, and what was measured:
+    nvidia-smi's per-process figure (run.sh, after verify) and verify's own VRAM reading."""
+    memory = plan.get("memory") or {}
+    vram = (((fact or {}).get("instances") or [{}])[0]).get("vram") or {}
+    own, card = process_mib(os.path.join(out, "nvidia-smi-compute-apps-%s.csv" % state))
+    mib = 1 << 20
+    predicted = memory.get("predicted_process_bytes")
+    row = {"predicted_process_bytes": predicted, "predicted_used_bytes": memory.get("predicted_used_bytes"),
+           "draft_loaded": memory.get("draft_loaded"), "draft_bytes": memory.get("draft_bytes"),
+           "draft_weights_bytes": memory.get("draft_weights_bytes"), "draft_kv_bytes": memory.get("draft_kv_bytes"),
+           "draft_compute_bytes": memory.get("draft_compute_bytes"),
+           "draft_reserved_bytes": memory.get("draft_reserved_bytes"),
+           "overhead_cuda_bytes": memory.get("overhead_cuda_bytes"),
+           "measured_process_mib": own, "measured_card_used_mib": card,
+           "verify_measured_used_bytes": vram.get("measured_used_bytes"),
+           "verify_predicted_used_bytes": vram.get("predicted_used_bytes"),
+           "verify_measured_over_predicted": vram.get("measured_over_predicted"), "verify_scope": vram.get("scope")}
+    row["predicted_process_mib"] = round(predicted / float(mib), 1) if predicted else None
+    row["process_measured_over_predicted"] = round(own * mib / float(predicted), 4) if own and predicted else None
+    return row
+
+
 def main(out):
     summary = {"verify": {}, "copy_prompt": {}, "metrics": {}, "plans": {}}
     for state in ("baseline", "trial"):
@@ -99,14 +141,19 @@ def main(out):
         summary["plans"][name] = {"spec_type": plan.get("spec_type"), "quant": plan.get("quant"),
                                   "ctx_size": plan.get("ctx_size"), "parallel": plan.get("parallel"),
                                   "speculation": reason[start:].split(". First token")[0] if start >= 0 else ""}
+    summary["memory"] = {}
+    for state in ("baseline", "trial"):
+        plan = ((load(out, "plan-%s.json" % state) or {}).get("plans") or [{}])[0]
+        summary["memory"][state] = memory_figures(out, state, plan, load(out, "verify-%s.fact.json" % state))
     with open(os.path.join(out, "speculation-summary.json"), "w") as handle:
         json.dump(summary, handle, indent=1, sort_keys=True)
 
     base, spec = summary["verify"]["baseline"], summary["verify"]["trial"]
+    kind = spec.get("spec_type") or summary["plans"]["trial"]["spec_type"] or "speculation"
     for name in ("single_stream_tps", "all_slots_decode_tps", "ttft_at_slots_s", "ttft_s"):
         b, s = base.get(name), spec.get(name)
         ratio = "x%.3f" % (s / b) if isinstance(b, (int, float)) and isinstance(s, (int, float)) and b else "-"
-        print("verify %-22s without %-10s with ngram-mod %-10s %s" % (name, b, s, ratio))
+        print("verify %-22s without %-10s with %s %-10s %s" % (name, b, kind, s, ratio))
     for v in summary["verdicts"] or []:
         print("verdict: %s: %s" % (v.get("verdict"), v.get("message")))
     for name, plan in summary["plans"].items():
@@ -119,6 +166,38 @@ def main(out):
                                       level["aggregate_decode_tps"], level["ttft_s_mean"], level["draft_n_accepted"],
                                       level["draft_n"]))
     print("llama-server (trial) draft acceptance lines: %s" % summary["server_log_trial"])
+    mib = float(1 << 20)
+    for state in ("baseline", "trial"):
+        m = summary["memory"][state]
+        print("memory %s: process predicted %s MiB (predicted_process_bytes %s; draft loaded %s), measured %s MiB "
+              "(nvidia-smi, the server's PID), measured/predicted %s; card used %s MiB; verify: %s of %s bytes "
+              "predicted (%s, %s)" % (state, m["predicted_process_mib"], m["predicted_process_bytes"], m["draft_loaded"],
+                                      m["measured_process_mib"], m["process_measured_over_predicted"],
+                                      m["measured_card_used_mib"], m["verify_measured_used_bytes"],
+                                      m["verify_predicted_used_bytes"], m["verify_measured_over_predicted"],
+                                      m["verify_scope"] or "card"))
+    trial, base_m = summary["memory"]["trial"], summary["memory"]["baseline"]
+    if trial.get("draft_bytes"):
+        share = {"predicted_draft_mib": round(trial["draft_bytes"] / mib, 1),
+                 "predicted_weights_mib": round((trial["draft_weights_bytes"] or 0) / mib, 1),
+                 "predicted_kv_mib": round((trial["draft_kv_bytes"] or 0) / mib, 1),
+                 "predicted_compute_mib": round((trial["draft_compute_bytes"] or 0) / mib, 1)}
+        if trial["predicted_process_bytes"]:
+            share["predicted_share_of_process"] = round(trial["draft_bytes"] / float(trial["predicted_process_bytes"]), 4)
+        if trial["measured_process_mib"] and base_m["measured_process_mib"]:
+            delta = trial["measured_process_mib"] - base_m["measured_process_mib"]
+            share.update(measured_trial_minus_baseline_mib=delta,
+                         measured_over_predicted=round(delta / (trial["draft_bytes"] / mib), 4),
+                         measured_share_of_process=round(delta / float(trial["measured_process_mib"]), 4))
+        summary["memory"]["draft_share"] = share
+        print("draft: predicted %(predicted_draft_mib)s MiB (weights %(predicted_weights_mib)s, KV "
+              "%(predicted_kv_mib)s, compute %(predicted_compute_mib)s)" % share
+              + ", %s of the process" % share.get("predicted_share_of_process")
+              + ("; measured trial - baseline %s MiB (x%s of predicted), %s of the process" % (
+                  share["measured_trial_minus_baseline_mib"], share["measured_over_predicted"],
+                  share["measured_share_of_process"]) if "measured_trial_minus_baseline_mib" in share else ""))
+        with open(os.path.join(out, "speculation-summary.json"), "w") as handle:
+            json.dump(summary, handle, indent=1, sort_keys=True)
     for key, values in summary["metrics"].items():
         print("metrics %s: %s" % (key, values))
 
