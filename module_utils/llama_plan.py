@@ -472,14 +472,15 @@ def _configure(gpu, policy, chosen, partial, exponent_for):
     return config
 
 
-def _first_token(gpu, model, config, policy, partial):
+def _first_token(gpu, model, config, policy, partial, calibration=None):
     """The prompt speed and the time to the first token of a prompt that fills a slot as
-    far as the decode expectation assumes (policy.kv_fill)."""
+    far as the decode expectation assumes (policy.kv_fill): the rate verify measured on
+    cards of this name where there is one, else the family's figure."""
     tokens = int(config["ctx_per_slot"] * policy["kv_fill"])
     if partial:
         return {"prompt_tokens": tokens, "prompt_tps": None, "ttft_s": None,
                 "source": "not modelled for a partial offload (the layers in host memory bound the prompt)"}
-    out = expected_prefill(gpu, model, tokens)
+    out = expected_prefill(gpu, model, tokens, None if gpu.get("split") else calibration)
     if gpu.get("split") and out["prompt_tps"] is not None:
         out["source"] = "one card's figure, unmeasured for a split: " + out["source"]
     return out
@@ -576,7 +577,7 @@ def plan_gpu(gpu, models, policy, sharing=1, calibration=None):
     expected = expected_for(model, gpu, ceiling, efficiency["value"], config["cache_type"])
     exponent = exponent_for(config["parallel"])
     aggregate = expected_aggregate(expected, config["parallel"], exponent)
-    first_token = _first_token(gpu, model, config, policy, partial)
+    first_token = _first_token(gpu, model, config, policy, partial, calibration)
     threads = _threads(gpu, policy, sharing, early_warnings)
     warnings = early_warnings + _plan_warnings(gpu, policy, model, chosen, met, partial, config, memory, ceiling,
                                                expected)

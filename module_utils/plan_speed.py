@@ -303,17 +303,38 @@ def expected_decode(ceiling, efficiency, cache_type="f16"):
     return ceiling * efficiency * KV_TYPE_SPEED.get(cache_type, 1.0)
 
 
-def expected_prefill(gpu, model, prompt_tokens):
-    """{prompt_tps, ttft_s, prompt_tokens, source}: the prompt speed the plan expects and
-    the time to the first token of a prompt of prompt_tokens; both None, and the source
-    saying why, where the family has no figure or the model has no parameter count."""
+# a measured prompt rate (tok/s x 10^9 parameters) outside this range is a failed
+# measurement (a CPU build, a stalled request), not a GPU's figure
+PREFILL_RATE_RANGE = (500.0, 2000000.0)
+
+
+def measured_prefill_rate(gpu, calibration=None):
+    """(rate, count): the median prompt rate verify measured on cards of this name (its
+    first-token prompt: tok/s x 10^9 parameters), or None where none was measured."""
+    values = [float(r["prefill_rate"]) for r in _records(calibration)
+              if r.get("gpu_name") == gpu.get("name") and isinstance(r.get("prefill_rate"), (int, float))
+              and PREFILL_RATE_RANGE[0] <= r["prefill_rate"] <= PREFILL_RATE_RANGE[1]]
+    return (round(_median(values), 1), len(values)) if values else None
+
+
+def expected_prefill(gpu, model, prompt_tokens, calibration=None):
+    """{prompt_tps, ttft_s, prompt_tokens, params, source}: the prompt speed the plan expects
+    and the time to the first token of a prompt of prompt_tokens: from what verify measured
+    on cards of this name where it has (the calibration learns it as it learns decode),
+    else the family's table figure; both None, and the source saying why, where there is
+    neither or the model has no parameter count."""
     family, params = gpu_family(gpu), float(model.get("params") or 0)
-    out = {"prompt_tokens": int(prompt_tokens), "prompt_tps": None, "ttft_s": None}
-    if family not in PREFILL_RATE_TABLE:
-        return dict(out, source="no prompt-speed figure for %s cards" % family)
+    out = {"prompt_tokens": int(prompt_tokens), "prompt_tps": None, "ttft_s": None, "params": int(params) or None}
     if params <= 0:
         return dict(out, source="the model's parameter count is unknown")
-    rate, source = PREFILL_RATE_TABLE[family]
+    measured = measured_prefill_rate(gpu, calibration)
+    if measured:
+        rate, source = measured[0], ("verify measured on %s: %.0f prompt tok/s x 10^9 parameters, the median of %d "
+                                     "first-token prompt(s)" % (gpu.get("name"), measured[0], measured[1]))
+    elif family in PREFILL_RATE_TABLE:
+        rate, source = PREFILL_RATE_TABLE[family]
+    else:
+        return dict(out, source="no prompt-speed figure for %s cards" % family)
     tps = rate * 1e9 / params
     return dict(out, prompt_tps=round(tps, 1), ttft_s=round(prompt_tokens / tps, 2), source=source)
 
@@ -352,6 +373,13 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
     full = (level[0].get("aggregate_decode_tps") if level else None) or instance.get("aggregate_slots_tps")
     if single and full and slots and int(slots) > 1 and full > single:
         exponent = round(math.log(float(full) / float(single)) / math.log(int(slots)), 3)
+    # the first token's prompt speed, as a rate that moves to another model's size
+    measured_first, planned_first = instance.get("first_token") or {}, plan.get("first_token") or {}
+    prefill_rate = None
+    if measured_first.get("prompt_tps") and planned_first.get("params") and plan.get("split_mode", "none") == "none":
+        prefill_rate = round(float(measured_first["prompt_tps"]) * float(planned_first["params"]) / 1e9, 1)
+        if not PREFILL_RATE_RANGE[0] <= prefill_rate <= PREFILL_RATE_RANGE[1]:
+            prefill_rate = None
     return {
         "host": host, "gpu_uuid": instance.get("gpu_uuid"), "gpu_name": instance.get("gpu_name") or plan.get("gpu_name"),
         "gpu_family": eff.get("gpu_family"), "quant": plan.get("quant"), "quant_family": eff.get("quant_family"),
@@ -362,6 +390,9 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
         "weight_read_s": eff.get("weight_read_s"),
         # the process's CUDA context as measured (verify: what NVML saw less the plan's other parts)
         "cuda_overhead_bytes": (instance.get("vram") or {}).get("cuda_overhead_bytes"),
+        # prompt tok/s x 10^9 parameters of the first-token prompt, and that prompt's length
+        "prefill_rate": prefill_rate,
+        "prefill_prompt_tokens": measured_first.get("prompt_tokens") if prefill_rate else None,
         "build": build, "measured_at": measured_at,
     }, None
 
@@ -375,7 +406,10 @@ def _close(old, new):
     same_exponent = (ea is None) == (eb is None) and (ea is None or abs(float(ea) - float(eb)) <= 0.05)
     oa, ob = old.get("cuda_overhead_bytes"), new.get("cuda_overhead_bytes")
     same_overhead = (oa is None) == (ob is None) and (oa is None or abs(float(oa) - float(ob)) <= 16 * (1 << 20))
-    return abs(b - a) <= CALIBRATION_TOLERANCE * a and same_exponent and same_overhead
+    pa, pb = old.get("prefill_rate"), new.get("prefill_rate")
+    same_prefill = (pa is None) == (pb is None) and (pa is None or abs(float(pb) - float(pa)) <= CALIBRATION_TOLERANCE
+                                                     * float(pa))
+    return abs(b - a) <= CALIBRATION_TOLERANCE * a and same_exponent and same_overhead and same_prefill
 
 
 def merge_calibration(existing, new_records):

@@ -233,3 +233,37 @@ def test_the_prompt_speed_scales_with_the_parameters_and_is_none_where_unknown()
     ampere = ps.expected_prefill({"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, model, 4096)
     assert ampere["prompt_tps"] is None and ampere["source"] == "no prompt-speed figure for ampere cards"
     assert ps.expected_prefill(V100, {"params": 0}, 4096)["source"] == "the model's parameter count is unknown"
+
+
+def test_the_calibration_learns_the_prompt_speed_and_the_next_plan_uses_it():
+    # verify's first-token prompt: 4096 tokens at 700 tok/s of a 27B model (the plan keeps its parameter count)
+    plan = dict(PLAN, first_token={"prompt_tokens": 4096, "prompt_tps": 760.0, "params": 27_000_000_000})
+    instance = dict(INSTANCE, first_token={"prompt_tokens": 4096, "prompt_tps": 700.0, "ttft_s": 5.9})
+    rec, _ = ps.calibration_record(instance, plan, "gpu01")
+    assert rec["prefill_rate"] == 18900.0 and rec["prefill_prompt_tokens"] == 4096  # 700 x 27
+    # the next plan of a 13.5B model on a card of that name: twice the prompt speed, from the measurement
+    model = {"params": 13_500_000_000}
+    learned = ps.expected_prefill(V100, model, 4096, {"records": [rec]})
+    assert learned["prompt_tps"] == 1400.0 and learned["ttft_s"] == pytest.approx(4096 / 1400.0, abs=0.01)
+    assert "verify measured on Tesla V100-SXM2-32GB" in learned["source"] and "median of 1" in learned["source"]
+    # another card's name keeps the table's figure; so does a record without a prompt figure
+    assert ps.expected_prefill(dict(V100, name="Tesla V100-PCIE-16GB"), model, 4096, {"records": [rec]})[
+        "source"] == ps.PREFILL_RATE_TABLE["volta"][1]
+    without, _ = ps.calibration_record(INSTANCE, plan, "gpu01")
+    assert without["prefill_rate"] is None
+    assert ps.expected_prefill(V100, model, 4096, {"records": [without]})["source"] == ps.PREFILL_RATE_TABLE["volta"][1]
+    # a family without a table figure is planned once it was measured
+    a100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+    rec_a100 = dict(rec, gpu_name=a100["name"])
+    assert ps.expected_prefill(a100, model, 4096, {"records": [rec_a100]})["prompt_tps"] == 1400.0
+    # a split's prompt speed is not one card's: no record from it
+    split, _ = ps.calibration_record(instance, dict(plan, split_mode="layer"), "gpu01")
+    assert split["prefill_rate"] is None
+
+
+def test_a_changed_prompt_speed_replaces_the_record_and_a_close_one_keeps_it():
+    old = dict(record(0.40), prefill_rate=18900.0, measured_at="t0")
+    assert ps.merge_calibration({"records": [old]}, [dict(old, prefill_rate=19300.0, measured_at="t1")])[
+        "records"][0]["measured_at"] == "t0"
+    assert ps.merge_calibration({"records": [old]}, [dict(old, prefill_rate=23000.0, measured_at="t1")])[
+        "records"][0]["measured_at"] == "t1"
