@@ -756,6 +756,14 @@ def test_a_draft_model_is_checked_handed_to_the_planner_and_fetched():
     cand = F.llm_model_draft_candidate(entry)
     assert cand["quant"] == draft["quant"] and cand["path"] == "/m/draft.gguf"
     assert F.llm_model_draft_candidate(None) is None
+    # a draft on a file:// mirror is read there before the download, and served from the model directory
+    mirrored = {"quant": "F32", "url": "file:///srv/models/draft.gguf", "sha256": SHA}
+    entry = F.llm_model_served([], _catalogue("q4"), "Qwen", {}, "/m", mirrored)[0]["draft"]
+    assert F.llm_model_draft_candidate(entry)["path"] == "/srv/models/draft.gguf"
+    assert F.llm_model_draft_candidate(entry, True)["path"] == "/m/draft.gguf"
+    several = F.llm_model_served([{"name": "chat", "catalogue": _catalogue("chat"), "draft": mirrored}], [], "", {}, "/m")
+    assert F.llm_model_plan_models(several)[0]["draft"]["path"] == "/srv/models/draft.gguf"
+    assert F.llm_model_plan_models(several, [dict(PLAN, model_name="chat")])[0]["draft"]["path"] == "/m/draft.gguf"
     # fetched with the chosen file, whether or not it serves yet
     plans = [dict(PLAN, model_path="/m/q4.gguf")]
     assert [f["name"] for f in F.llm_model_fetch_all(served, plans)] == ["q4.gguf", "draft.gguf"]

@@ -505,12 +505,15 @@ def llm_model_served(models, catalogue, name, policy, model_dir, draft=None):
     return served
 
 
-def llm_model_draft_candidate(entry):
-    """llama_plan's draft option for a served model's draft entry (None: omit it): its
-    declared figures with the path it has on the hosts (read there when it is on disk)."""
+def llm_model_draft_candidate(entry, downloaded=False):
+    """llama_plan's draft option for a served model's draft entry (None: omit it), as
+    llm_model_candidates gives a model's: before the download its declared figures, or
+    its file where that can be read (a pre-staged path or a file:// mirror); after it,
+    the path it has in the model directory, which the server is given."""
     if not entry:
         return None
-    cand = {"quant": entry["quant"], "path": entry["source_path"] or entry["model_path"]}
+    cand = {"quant": entry["quant"], "path": entry["model_path"] if downloaded else (
+        entry["source_path"] or entry["model_path"])}
     if entry["metadata"]:
         cand.update(metadata=entry["metadata"], path=entry["model_path"])
         if entry["size_bytes"]:
@@ -532,7 +535,7 @@ def llm_model_plan_models(served, plans=None):
                     "candidates": llm_model_candidates(m["entries"], None if plans is None
                                                        else _of_model(plans, m["name"]))})
         if m.get("draft"):
-            out[-1]["draft"] = llm_model_draft_candidate(m["draft"])
+            out[-1]["draft"] = llm_model_draft_candidate(m["draft"], plans is not None)
     return out
 
 
