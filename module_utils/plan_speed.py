@@ -88,6 +88,14 @@ REFERENCE_PARAMS_B = {
 FIXED_TOKEN_SECONDS = (0.00039, "two models of one 32B shape (64 and 6 layers, Q4_K) on an H100 through the "
                                 "roles: 0.31 and 0.47 ms a token (benchmarks/size_term.py)")
 
+# The size term holds within the sizes it was fitted on: the pair's weights took 5.37 and
+# 0.62 ms to read (8.7x apart). Far outside, a token's fixed cost is not one constant: a
+# 135M model read in 0.03 ms served 598 tok/s on the same H100 (1.7 ms a token, where t0
+# says 0.4), and its record would plan a 32B there at a seventh of its speed. So a
+# calibration record is used for a model only where their weight read times are at most
+# this factor apart; farther records are left out (the source counts them).
+CALIBRATION_SIZE_FACTOR = 10.0
+
 # A weight type the table lacks on a family it has (IQ4_XS on a V100): that family's
 # Q4_K figure, the closest kernel measured on the same cards, labelled assumed. A
 # family the table lacks: the H200's Q4_K figure, the one the project measured both
@@ -235,6 +243,20 @@ def _sized(value, measured_s, planned_s, what):
         moved, what, FIXED_TOKEN_SECONDS[0] * 1000)
 
 
+def near_in_size(record, planned_s):
+    """Whether a calibration record measured a model close enough in size to this one
+    (CALIBRATION_SIZE_FACTOR) to be moved to it; a record or model without a size is."""
+    measured_s = _record_seconds(record)
+    if not measured_s or not planned_s:
+        return True
+    return max(measured_s / planned_s, planned_s / measured_s) <= CALIBRATION_SIZE_FACTOR
+
+
+def _far_note(count):
+    return ("; %d record(s) of models more than %gx larger or smaller left out" % (count, CALIBRATION_SIZE_FACTOR)
+            if count else "")
+
+
 def efficiency_for(gpu, model, calibration=None):
     """{value, source, gpu_family, quant_family, arch, from, weight_read_s}: the fleet's
     median for cards of this name (then of this family) with this weight type and
@@ -244,7 +266,9 @@ def efficiency_for(gpu, model, calibration=None):
     planned_s = weight_read_seconds(gpu, model)
     out = {"gpu_family": family, "quant_family": qfam, "arch": arch,
            "weight_read_s": round(planned_s, 6) if planned_s else None}
-    records = [r for r in _records(calibration) if r.get("quant_family") == qfam and r.get("arch") == arch]
+    same_kind = [r for r in _records(calibration) if r.get("quant_family") == qfam and r.get("arch") == arch]
+    records = [r for r in same_kind if near_in_size(r, planned_s)]
+    far = len(same_kind) - len(records)
     for scope, same in (("name", lambda r: r.get("gpu_name") == gpu.get("name")),
                         ("family", lambda r: r.get("gpu_family") == family)):
         matching = [r for r in records if same(r)]
@@ -255,8 +279,8 @@ def efficiency_for(gpu, model, calibration=None):
             where = gpu.get("name") if scope == "name" else "%s cards" % family
             note = "" if abs(value - plain) < 0.0005 else "; %.3f as measured, %.3f at this model's size" % (
                 plain, value)
-            out.update(value=round(value, 3), source="fleet calibration: median of %d measurement(s) on %s, %s %s%s"
-                       % (len(matching), where, qfam, arch, note), **{"from": "calibration"})
+            out.update(value=round(value, 3), source="fleet calibration: median of %d measurement(s) on %s, %s %s%s%s"
+                       % (len(matching), where, qfam, arch, note, _far_note(far)), **{"from": "calibration"})
             return out
     for key, assumed in (((family, qfam, arch), False), ((family, qfam, "*"), False),
                          ((family, "Q4_K", arch), True), ((family, "Q4_K", "*"), True)):
@@ -267,7 +291,7 @@ def efficiency_for(gpu, model, calibration=None):
                     family, qfam, family, source)
             ref_s, ref_b = _reference_seconds(family, key[1], model, planned_s)
             value, note = _sized(value, ref_s, planned_s, "the figure is for %sB parameters" % ref_b)
-            out.update(value=value, source=source + note, **{"from": "table"})
+            out.update(value=value, source=source + note + _far_note(far), **{"from": "table"})
             return out
     value, source = DEFAULT_EFFICIENCY
     ref_s, ref_b = _reference_seconds("hopper", "Q4_K", model, planned_s)
@@ -308,11 +332,13 @@ def expected_decode(ceiling, efficiency, cache_type="f16"):
 PREFILL_RATE_RANGE = (500.0, 2000000.0)
 
 
-def measured_prefill_rate(gpu, calibration=None):
+def measured_prefill_rate(gpu, calibration=None, planned_s=None):
     """(rate, count): the median prompt rate verify measured on cards of this name (its
-    first-token prompt: tok/s x 10^9 parameters), or None where none was measured."""
+    first-token prompt: tok/s x 10^9 parameters) of models near this one's size (a small
+    model's prompt is bound by more than its parameters), or None where none was measured."""
     values = [float(r["prefill_rate"]) for r in _records(calibration)
               if r.get("gpu_name") == gpu.get("name") and isinstance(r.get("prefill_rate"), (int, float))
+              and near_in_size(r, planned_s)
               and PREFILL_RATE_RANGE[0] <= r["prefill_rate"] <= PREFILL_RATE_RANGE[1]]
     return (round(_median(values), 1), len(values)) if values else None
 
@@ -327,7 +353,7 @@ def expected_prefill(gpu, model, prompt_tokens, calibration=None):
     out = {"prompt_tokens": int(prompt_tokens), "prompt_tps": None, "ttft_s": None, "params": int(params) or None}
     if params <= 0:
         return dict(out, source="the model's parameter count is unknown")
-    measured = measured_prefill_rate(gpu, calibration)
+    measured = measured_prefill_rate(gpu, calibration, weight_read_seconds(gpu, model))
     if measured:
         rate, source = measured[0], ("verify measured on %s: %.0f prompt tok/s x 10^9 parameters, the median of %d "
                                      "first-token prompt(s)" % (gpu.get("name"), measured[0], measured[1]))

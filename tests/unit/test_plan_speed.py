@@ -267,3 +267,23 @@ def test_a_changed_prompt_speed_replaces_the_record_and_a_close_one_keeps_it():
         "records"][0]["measured_at"] == "t0"
     assert ps.merge_calibration({"records": [old]}, [dict(old, prefill_rate=23000.0, measured_at="t1")])[
         "records"][0]["measured_at"] == "t1"
+
+
+def test_a_record_of_a_model_far_in_size_is_not_moved_to_this_one():
+    # SmolLM2-135M (98 MB) served 598 tok/s on the H100 (0.034 of its ceiling with its KV): 0.03 ms of
+    # weights in a 1.7 ms token. Moved by the size term it would plan the 32B at a seventh of its speed
+    tiny_s = 98362432 / 3.35e12
+    tiny = dict(record(0.034, gpu_name=H100["name"], family="hopper"), weight_read_s=tiny_s)
+    assert ps.at_size(0.034, tiny_s, ps.weight_read_seconds(H100, CHAT)) < 0.07
+    e = ps.efficiency_for(H100, CHAT, {"records": [tiny]})
+    assert e["from"] == "table" and "1 record(s) of models more than 10x larger or smaller left out" in e["source"]
+    # a model near its size uses it; so does the 6-layer model 8.7x smaller than the 32B
+    near = ps.efficiency_for(H100, dict(DENSE, gpu_weight_bytes=150e6, params=0.2e9), {"records": [tiny]})
+    assert near["from"] == "calibration" and "left out" not in near["source"]
+    small = dict(record(round(SMALL_TPS / SMALL_CEILING, 3), gpu_name=H100["name"], family="hopper"),
+                 weight_read_s=ps.weight_read_seconds(H100, SMALL))
+    assert ps.efficiency_for(H100, CHAT, {"records": [small, tiny]})["from"] == "calibration"
+    # the prompt rate too: a tiny model's is not a 32B's
+    tiny_rate = dict(tiny, prefill_rate=3100.0)
+    assert ps.expected_prefill(H100, CHAT, 4096, {"records": [tiny_rate]})["source"] == \
+        ps.PREFILL_RATE_TABLE["hopper"][1]
