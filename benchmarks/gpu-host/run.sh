@@ -360,6 +360,10 @@ if [ -n "${SPEC:-}" ]; then
   SERVER_PID=$!; echo "$SERVER_PID" > "$GPUHOST_PIDS/llama-server@0.service.pid"
   for _ in $(seq 1 180); do health "$port" >/dev/null && break; sleep 1; done
   stamp "health of :$port: $(health "$port")"
+  # the trial's process as it loaded (before verify: kept even if the run is cut off later)
+  { echo "server_pid=$SERVER_PID"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv; } > "$OUT/nvidia-smi-compute-apps-trial-start.csv" 2>&1
+  cat "$OUT/nvidia-smi-compute-apps-trial-start.csv"
   verify_vars "$OUT/units-trial.json"
   stamp "SPEC: verify stage (the trial)"
   playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify-trial.log" 2>&1; echo "verify(trial) rc=$?" | tee -a "$OUT/rc.txt"
