@@ -189,7 +189,7 @@ def cache_bytes(model, ctx_size, parallel, cache_type, ubatch, first_layer=0):
 
 
 def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True, cache_type="f16", parallel=1, kv_unified=False,
-                  first_layer=0):
+                  first_layer=0, outputs=None):
     """The CUDA compute buffer: the peak of ggml-alloc's worst-case graph.
 
     llama-context.cpp sched_reserve() sizes it on a prompt ubatch of ubatch
@@ -214,6 +214,9 @@ def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True, cache_type="f16"
       Without flash attention: the f32 scores and their softmax for every head.
     - the FFN: gate, up and their product, two embedding-wide tensors, the mask.
 
+    outputs: the context's n_outputs_max where it is below the ubatch (a draft
+    model's: one per slot, common/speculative.cpp common_base_params_to_speculative;
+    llama-context.cpp reserves min(ubatch, n_outputs_max) outputs).
     cache_type: the K/V cache type; parallel: the slots (streams, unless
     kv_unified: one stream of ctx_per_slot x parallel cells, llama-server's
     default with -np auto only). Measured on an H200 (docs/planning.md): 307 MiB
@@ -233,9 +236,10 @@ def compute_bytes(model, ubatch, ctx_per_slot, flash_attn=True, cache_type="f16"
     # one KQ mask per attention cache: n_kv x ubatch (n_kv x ubatch/streams x streams)
     mask = ubatch * sum(cells.values()) * (MASK_BYTES_FLASH_ATTN if flash_attn else a)
 
-    # logits of every output (n_outputs = ubatch) above the last residual; a hybrid
-    # graph keeps the mask (allocated first) and one more residual below them
-    logits = ubatch * a * (model["n_vocab"] + n_embd)
+    # logits of every output (n_outputs = ubatch, or fewer) above the last residual; a
+    # hybrid graph keeps the mask (allocated first) and one more residual below them
+    n_outputs = ubatch if outputs is None else min(ubatch, int(outputs))
+    logits = n_outputs * a * (model["n_vocab"] + n_embd)
     if "recurrent" in kinds and cells:
         logits += mask + ubatch * a * n_embd
     # FFN: gate, up, their product (f32, n_ff wide), residual and norm, the mask
@@ -360,12 +364,13 @@ def draft_budget(draft, policy, ctx_size, parallel, cache_type, flash_attn=True)
     """What a draft model (-md) adds to its server's process: all its layers on the card
     (-ngld), a context of the target's size and slots (llama.cpp's draft context holds as
     many tokens per sequence as the target's, common/speculative.cpp) with the target's
-    KV type (-ctkd/-ctvd), and its own compute buffer. Zeros without a draft."""
+    KV type (-ctkd/-ctvd), and its own compute buffer, whose logits are one per slot (the
+    draft's n_outputs_max), not one per ubatch token. Zeros without a draft."""
     if not draft:
         return {"weights": 0, "kv": 0, "compute": 0, "total": 0}
     ubatch = policy["ubatch_size"]
     kv = cache_bytes(draft, ctx_size, parallel, cache_type, ubatch)["total"]
-    compute = compute_bytes(draft, ubatch, ctx_size // parallel, flash_attn, cache_type, parallel)
+    compute = compute_bytes(draft, ubatch, ctx_size // parallel, flash_attn, cache_type, parallel, outputs=parallel)
     weights = draft["gpu_weight_bytes"]
     return {"weights": weights, "kv": kv, "compute": compute, "total": weights + kv + compute}
 

@@ -382,6 +382,11 @@ def calibration_record(instance, plan, host, measured_at=None, build=None):
         return None, "no ratio to the ceiling (%s)" % (instance.get("ceiling_note") or "not measured")
     if plan.get("partial_offload"):
         return None, "a partial offload says nothing of the GPU's own efficiency"
+    if (instance.get("spec_type") or plan.get("spec_type") or "none") != "none":
+        # its speed and memory are the speculation's (a draft's too), not the plain decode's
+        # the next plan without it expects: module_utils/speculation.py keeps its verdict
+        return None, "speculative decoding (%s) served: its figures are the trial's, not the card's decode" % (
+            instance.get("spec_type") or plan.get("spec_type"))
     if not eff.get("quant_family"):
         return None, "the plan has no decode_efficiency (planned by an older llm-fleet)"
     # the ratio is measured against the ceiling; the plan's expected speed also

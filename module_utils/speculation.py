@@ -56,6 +56,10 @@ def check_min_gain(value):
     return gain
 
 
+def _file_name(path):
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else None
+
+
 def _label(wanted, draft):
     if wanted != "draft-simple" or not draft:
         return "Speculative decoding (%s, no extra weights or memory)" % wanted
@@ -70,8 +74,11 @@ def plan_speculation(plan, wanted, calibration=None, draft=None):
         return "none", ""
     calibration = calibration or {}
     label = _label(wanted, draft)
+    # a draft model's verdict is that draft's (by file name: the plan before the download
+    # reads it where the mirror has it): another draft is measured again
+    drafted = _file_name((draft or {}).get("path")) if wanted == "draft-simple" else None
     verdicts = [v for v in calibration.get("speculation") or [] if isinstance(v, dict)
-                and v.get("spec_type") == wanted and _same(v.get("config"), plan)]
+                and v.get("spec_type") == wanted and _same(v.get("config"), plan) and _file_name(v.get("draft")) == drafted]
     if verdicts:
         latest = max(verdicts, key=lambda v: str(v.get("measured_at") or ""))
         if latest.get("verdict") == "pays":
@@ -151,7 +158,8 @@ def merge_verdicts(existing, host, verdicts, measured_at=None):
     no_gain) replacing its older ones for the same card, configuration and type."""
     fresh = [dict(v, host=host, measured_at=measured_at) for v in verdicts or []
              if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain")]
-    same = lambda a, b: (a.get("host"), a.get("gpu_uuid"), a.get("spec_type"), _plan_config(a.get("config"))) == (  # noqa: E731
-        b.get("host"), b.get("gpu_uuid"), b.get("spec_type"), _plan_config(b.get("config")))
+    same = lambda a, b: (a.get("host"), a.get("gpu_uuid"), a.get("spec_type"), a.get("draft"),  # noqa: E731
+                         _plan_config(a.get("config"))) == (
+        b.get("host"), b.get("gpu_uuid"), b.get("spec_type"), b.get("draft"), _plan_config(b.get("config")))
     kept = [v for v in existing or [] if isinstance(v, dict) and not any(same(v, f) for f in fresh)]
     return sorted(kept + fresh, key=lambda v: (str(v.get("host")), str(v.get("gpu_uuid")), str(v.get("spec_type"))))

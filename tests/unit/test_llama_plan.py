@@ -796,3 +796,33 @@ def test_a_draft_is_planned_on_one_card_not_split(gpus, dense_meta):
     # two 16 GB cards: the 32B needs a split alone; with a draft it is refused by name
     result = plan_with_draft(gpus("2x-v100-sxm2-16gb-nvlink"), declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta))
     assert result.get("failed") and "a draft model is planned on one card only" in result["msg"]
+
+
+def test_a_verdict_on_one_draft_does_not_decide_for_another(gpus, dense_meta):
+    card = gpus("v100-sxm2-32gb")
+    first, = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta))["plans"]
+    key = dict({k: first[k] for k in ("gpu_name", "quant", "ctx_size", "parallel", "cache_type_k")}, split_mode="none")
+    baseline = {"config": dict(key, spec_type="none"), "figures": {"single_stream_tps": 25.0}}
+    no_gain = {"spec_type": "draft-simple", "verdict": "no_gain", "host": "h1", "message": "x0.41",
+               "config": dict(key, spec_type="draft-simple"), "draft": "/var/lib/llm-fleet/models/draft-0.5b-q8_0.gguf"}
+    cal = {"baselines": [baseline], "speculation": [no_gain]}
+    # the draft measured: off; the same file read where the mirror has it (before the download): off too
+    for path in (None, "/srv/models/draft-0.5b-q8_0.gguf"):
+        p, = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)), draft_entry(dense_meta, path), calibration=cal)[
+            "plans"]
+        assert p["spec_type"] == "none" and "measured no gain on h1" in p["reason"]
+    # another draft: tried
+    other, = plan_with_draft(card, declared(dense_meta, ("Q4_K_M",)),
+                             draft_entry(dense_meta, "/var/lib/llm-fleet/models/other-draft.gguf"), calibration=cal)["plans"]
+    assert other["spec_type"] == "draft-simple" and "a trial" in other["reason"]
+
+
+def test_a_drafts_compute_buffer_holds_one_output_per_slot(gpus, dense_meta):
+    # common_base_params_to_speculative sets the draft's n_outputs_max to the slots: its logits
+    # are 4 x n_vocab, not 512 x n_vocab (measured on an H100: the draft took 744 MiB where the
+    # budget with a ubatch of logits said 990, gpu-host-2026-12-06-draft)
+    dm = plan_model.model_from_metadata("Q8_0", draft_meta(dense_meta), size_bytes=int(494000000 * 8.5 / 8))
+    policy = dict(lp.DEFAULT_POLICY)
+    budget = plan_memory.draft_budget(dm, policy, 32768, 4, "f16")
+    full = plan_memory.compute_bytes(dm, policy["ubatch_size"], 8192, True, "f16", 4)
+    assert full >= policy["ubatch_size"] * 4 * dm["n_vocab"] > 5 * budget["compute"] > 0

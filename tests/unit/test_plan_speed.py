@@ -287,3 +287,10 @@ def test_a_record_of_a_model_far_in_size_is_not_moved_to_this_one():
     tiny_rate = dict(tiny, prefill_rate=3100.0)
     assert ps.expected_prefill(H100, CHAT, 4096, {"records": [tiny_rate]})["source"] == \
         ps.PREFILL_RATE_TABLE["hopper"][1]
+
+
+def test_no_calibration_record_from_an_instance_serving_speculation():
+    # a trial's speed and memory are the speculation's: the plan without it must not learn them
+    rec, why = ps.calibration_record(dict(INSTANCE, spec_type="draft-simple"), dict(PLAN, spec_type="draft-simple"), "h")
+    assert rec is None and "speculative decoding (draft-simple) served" in why
+    assert ps.calibration_record(dict(INSTANCE, spec_type="none"), PLAN, "h")[0] is not None

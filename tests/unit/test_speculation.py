@@ -123,3 +123,21 @@ def test_a_trial_measured_with_another_request_length_still_gets_a_verdict():
     gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, {"baselines": [plain_baseline()]})
     verdict, = gate["speculation"]
     assert verdict["verdict"] == "no_gain" and verdict["baseline"]["single_stream_tps"] == 600
+
+
+def test_a_draft_verdict_names_its_draft_and_merges_per_draft():
+    spec = dict(record(single=240.0), spec_type="draft-simple", draft_model="/m/draft-a.gguf", ttft_at_slots_s=0.3)
+    gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, {"baselines": [plain_baseline()]})
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["draft"] == "/m/draft-a.gguf"
+    merged = sp.merge_verdicts([], "gpu01", [verdict], "t0")
+    # another draft's verdict sits beside it; the same draft's replaces it
+    merged = sp.merge_verdicts(merged, "gpu01", [dict(verdict, draft="/m/draft-b.gguf", verdict="pays")], "t1")
+    assert sorted((v["draft"], v["verdict"]) for v in merged) == [("/m/draft-a.gguf", "no_gain"),
+                                                                   ("/m/draft-b.gguf", "pays")]
+    assert len(sp.merge_verdicts(merged, "gpu01", [dict(verdict, verdict="pays")], "t2")) == 2
+    # each draft's plan follows its own verdict
+    draft = lambda path: {"path": path, "quant": "Q4_K"}  # noqa: E731
+    assert sp.plan_speculation(PLAN, "draft-simple", {"speculation": merged}, draft("/x/draft-a.gguf"))[0] == "none"
+    assert sp.plan_speculation(PLAN, "draft-simple", {"speculation": merged}, draft("/m/draft-b.gguf"))[0] == \
+        "draft-simple"

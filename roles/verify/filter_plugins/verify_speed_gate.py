@@ -73,7 +73,8 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
                                                                      if inst.get("model_rank") else ""))
         if spec:
             speculation.append(dict(spec, gpu_uuid=inst.get("gpu_uuid"), instance=instance_id(inst),
-                                    config=config_key(plain)))
+                                    config=config_key(plain), **({"draft": inst["draft_model"]}
+                                                                 if inst.get("draft_model") else {})))
     return {
         "enabled": bool(enabled),
         "min_ratio": float(min_ratio),
