@@ -64,11 +64,14 @@ options:
   models:
     description:
       - Several models on the host instead of one (C(candidates) and C(policy)), in priority
-        order; each C({name, candidates, policy, gpus}), C(candidates) and C(policy) as
+        order; each C({name, candidates, policy, gpus, load}), C(candidates) and C(policy) as
         above, C(gpus) C(every) (an instance on every GPU, the first model's default) or a
         number of GPUs (default 1, those with the most room). Every resident model's memory
         is counted on its card; a model that fits nowhere beside those before it fails the
-        module by name with the figures. Each plan then has C(model_name), and
+        module by name with the figures. C(load) C(on_demand) (default C(resident)) plans a
+        model for llama-server's router, alone in what the resident models leave (the
+        resident ones keep the largest on-demand minimum free), and C(routers) gives each
+        card's C(--models-max). Each plan then has C(model_name), and
         C(placement) says which GPU holds which models (C(docs/planning.md), several
         models on one host). An entry may have a C(draft), as the option below.
     type: list
@@ -177,9 +180,17 @@ EXAMPLES = r"""
 
 RETURN = r"""
 placement:
-  description: With C(models), which models each GPU holds (GPU index to model names, in priority order).
+  description: With C(models), which resident models each GPU holds (GPU index to model names, in priority order).
   returned: success, with C(models)
   type: dict
+routers:
+  description:
+    - With C(models), one entry per GPU holding models loaded on demand, C({gpu_index, models,
+      models_max, room_bytes, reason}); C(models_max) is the most of them that fit together in
+      C(room_bytes), what the resident models leave (at least one).
+  returned: success, with C(models)
+  type: list
+  elements: dict
 plans:
   description: One plan per GPU, in the order of C(gpus) (with C(models), per model and GPU, with C(model_name)).
   returned: success
@@ -416,7 +427,7 @@ def main():
     for warning in result["warnings"]:
         module.warn(warning)
     module.exit_json(changed=False, plan_warnings=result["warnings"], **dict(
-        (k, result[k]) for k in ("plans", "table", "summary", "policy", "placement") if k in result))
+        (k, result[k]) for k in ("plans", "table", "summary", "policy", "placement", "routers") if k in result))
 
 
 if __name__ == "__main__":

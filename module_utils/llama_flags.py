@@ -137,3 +137,56 @@ def run_flag(name, value, short=False):
         if key == name:
             return short_flag if short else long_flag, str(value)
     raise ValueError("no llama-server flag is known for %r (known: %s)" % (name, ", ".join(k for k, _, _ in RUN_FLAGS)))
+
+
+# llama-server's router (--models-preset) starts each on-demand model's child from one
+# INI section: keys are the long flags without their dashes, a switch is "true". The
+# router sets a child's host, port and alias itself and keeps the API key and TLS for
+# its own port (tools/server/server-models.cpp at the pinned commit: unset_reserved_args,
+# update_args); a value ends at ';', '#' or the line's end (common/preset.cpp's grammar).
+ROUTER_OWNED = ("--host", "--port", "--alias", "--api-key", "--api-key-file", "--ssl-key-file", "--ssl-cert-file")
+_INI_FORBIDDEN = (";", "#", "\n", "\r")
+
+
+def _is_flag(token):
+    return (token.startswith("-") and len(token) > 1 and not token[1].isdigit()
+            and token.lstrip("-")[:1].isalpha())
+
+
+def preset_options(argv):
+    """[(key, value)] of a llama-server argument list as a router preset section takes
+    them; raises ValueError naming an argument the INI cannot hold."""
+    options, seen, index = [], set(), 0
+    while index < len(argv):
+        token = str(argv[index])
+        if not _is_flag(token):
+            raise ValueError("argument %r is no flag and follows no flag that takes a value" % token)
+        flag, _, value = token.partition("=")
+        if not value and index + 1 < len(argv) and not _is_flag(str(argv[index + 1])):
+            value = str(argv[index + 1])
+            index += 1
+        index += 1
+        if flag in ROUTER_OWNED:
+            continue
+        key = flag.lstrip("-")
+        if key in seen:
+            raise ValueError("%s is given twice; a preset section holds each flag once" % flag)
+        if any(c in value for c in _INI_FORBIDDEN) or value != value.strip():
+            raise ValueError("%s's value %r cannot be written to the router's preset (llama.cpp's INI ends a value "
+                             "at ';', '#' or a line break and trims spaces): rename the path or drop the argument"
+                             % (flag, value))
+        seen.add(key)
+        options.append((key, value or "true"))
+    return options
+
+
+def router_preset(sections, comment=""):
+    """The text of a --models-preset file: sections [(model name, llama-server argv)]."""
+    lines = ["; %s" % line for line in comment.splitlines()] + ["version = 1", ""]
+    for name, argv in sections:
+        if not name or any(c in name for c in "[]" + "".join(_INI_FORBIDDEN)) or name != name.strip():
+            raise ValueError("model name %r cannot name a router preset section" % (name,))
+        lines.append("[%s]" % name)
+        lines.extend("%s = %s" % pair for pair in preset_options(argv))
+        lines.append("")
+    return "\n".join(lines)

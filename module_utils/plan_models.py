@@ -18,9 +18,21 @@ first model takes the best quantization and context the others leave room for, a
 later one at least its minimum. plan_gpu sees the others as memory another program holds
 (memory_foreign_bytes), so its budget table and its refusal say the same as alone.
 
-Not here yet: models loaded on demand (llama-server's router mode and --models-max),
-splitting one model over several GPUs next to others (a host of several models plans one
-instance per card), and the roles that deploy such a plan."""
+A model loaded on demand (load: on_demand) is served by llama-server's router on its
+card, which starts a child llama-server for it when a request names it and, past
+--models-max children, stops the least recently used one (tools/server/server-models.cpp
+at the pinned commit: server_lru_sched, unload_lru). So such a model needs room only for
+itself beside the resident models, not beside the other on-demand ones: cards are
+assigned keeping the largest on-demand minimum free, each resident model is planned with
+it kept, and each on-demand model is then planned alone in what all the resident models
+took. --models-max is the largest number of them whose plans fit that room together (the
+largest ones, since the router may hold any of them), at least one. The router itself
+loads no model and opens no CUDA context (server.cpp: "router server never loads a model
+and must not touch the GPU"); each child pays its own, as a resident instance does.
+
+Not here yet: splitting one model over several GPUs next to others (a host of several
+models plans one instance per card), and the roles that serve on-demand models (the
+llm_model role refuses load: on_demand by name)."""
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -29,7 +41,8 @@ from ansible.module_utils.llama_plan import host_gpus, normalize_policy, plan_gp
 from ansible.module_utils.plan_memory import GIB, PlanError, card_budget, card_room_bytes, flash_attn_supported
 from ansible.module_utils.plan_speed import measured_overhead
 
-MODEL_KEYS = ("name", "models", "policy", "gpus")
+MODEL_KEYS = ("name", "models", "policy", "gpus", "load")
+LOADS = ("resident", "on_demand")
 
 
 def minimum_process_bytes(models, gpu, policy):
@@ -86,19 +99,37 @@ def _check(entries):
         gpus = entry.get("gpus", "every" if index == 0 else 1)
         if gpus != "every" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
             raise PlanError("model %s: gpus must be \"every\" or a whole number of GPUs >= 1, got %r" % (name, gpus))
+        if entry.get("load", "resident") not in LOADS:
+            raise PlanError("model %s: load must be resident (always loaded) or on_demand (loaded by the router when "
+                            "a request names it), got %r" % (name, entry.get("load")))
+
+
+def _resident_min(minimum, held, index):
+    return sum(minimum[(n, index)][0] for n in held[index])
+
+
+def _on_demand_min(minimum, on_demand, index):
+    """What the on-demand models of a card keep free while the resident ones are
+    placed: the largest minimum (the router holds at least one of them)."""
+    return max([minimum[(n, index)][0] for n in on_demand[index]] or [0])
 
 
 def _assign(cards, entries, room):
     """Step 1: which cards hold which model, from the minimums. Returns (held: {gpu
-    index: names in priority order}, minimum: {(name, gpu index): (bytes, quant, cache
-    type)}); raises PlanError on the first model that does not fit beside those before."""
+    index: resident names in priority order}, on_demand: {gpu index: on-demand names},
+    minimum: {(name, gpu index): (bytes, quant, cache type)}); raises PlanError on the
+    first model that does not fit beside those before."""
     minimum = {}
     held = dict((index, []) for index in cards)
+    on_demand = dict((index, []) for index in cards)
     for entry in entries:
-        name = entry["name"]
+        name, lazy = entry["name"], entry["load"] == "on_demand"
         for index, gpu in cards.items():
             minimum[(name, index)] = minimum_process_bytes(entry["models"], gpu, entry["policy"])
-        left = dict((index, room[index] - sum(minimum[(n, index)][0] for n in held[index])) for index in cards)
+        # an on-demand model needs room beside the resident ones only: the router unloads
+        # the others first
+        left = dict((index, room[index] - _resident_min(minimum, held, index)
+                     - (0 if lazy else _on_demand_min(minimum, on_demand, index))) for index in cards)
         if entry["gpus"] == "every":
             chosen = sorted(cards)
         else:
@@ -107,16 +138,19 @@ def _assign(cards, entries, room):
             chosen = sorted(sorted(cards, key=lambda i: (-left[i], i))[:entry["gpus"]])
         short = [i for i in chosen if minimum[(name, i)][0] > left[i]]
         if short:
-            raise PlanError("model %s fits on no GPU it needs beside the models before it: %s" % (name, "; ".join(
-                "GPU %s (%.1f GiB for instances) holds %s, %.2f GiB left; %s needs at least %.2f GiB (%s, %d slot(s) "
-                "of %d tokens, %s KV)" % (
-                    i, room[i] / GIB, ", ".join("%s >= %.2f GiB" % (n, minimum[(n, i)][0] / GIB) for n in held[i])
-                    or "nothing", left[i] / GIB, name, minimum[(name, i)][0] / GIB, minimum[(name, i)][1],
-                    entry["policy"]["min_parallel"], entry["policy"]["min_ctx"], minimum[(name, i)][2])
-                for i in short)))
+            raise PlanError("model %s%s fits on no GPU it needs beside the models before it: %s" % (
+                name, " (loaded on demand: beside the resident models only)" if lazy else "", "; ".join(
+                    "GPU %s (%.1f GiB for instances) holds %s, %.2f GiB left; %s needs at least %.2f GiB (%s, %d "
+                    "slot(s) of %d tokens, %s KV)" % (
+                        i, room[i] / GIB, ", ".join(
+                            ["%s >= %.2f GiB" % (n, minimum[(n, i)][0] / GIB) for n in held[i]]
+                            + ["%s on demand >= %.2f GiB" % (n, minimum[(n, i)][0] / GIB) for n in on_demand[i]])
+                        or "nothing", left[i] / GIB, name, minimum[(name, i)][0] / GIB, minimum[(name, i)][1],
+                        entry["policy"]["min_parallel"], entry["policy"]["min_ctx"], minimum[(name, i)][2])
+                    for i in short)))
         for i in chosen:
-            held[i].append(name)
-    return held, minimum
+            (on_demand if lazy else held)[i].append(name)
+    return held, on_demand, minimum
 
 
 def held_bytes(plan):
@@ -126,65 +160,122 @@ def held_bytes(plan):
     return memory["predicted_process_bytes"] + int(memory.get("draft_reserved_bytes") or 0)
 
 
-def _plan_each(cards, entries, held, minimum, calibration):
-    """Step 2: each model planned in priority order on each of its cards, in what the
-    models before it took and the minimums of those after it leave. Returns
-    ({(name, gpu index): plan}, [(name, plan, table lines)] in order)."""
+def models_max(sizes, room):
+    """The most on-demand children a router may hold at once: the largest k whose k
+    largest plans fit the room together (the router may keep any k of them), at least
+    one (each was planned to fit alone)."""
+    total, count = 0, 0
+    for size in sorted(sizes, reverse=True):
+        if total + size > room:
+            break
+        total, count = total + size, count + 1
+    return max(count, 1)
+
+
+def _plan_one(entry, index, gpu, others, sharing, calibration, beside):
+    seen = dict(gpu, memory_foreign_bytes=int(gpu.get("memory_foreign_bytes") or 0) + others)
+    try:
+        plan, lines = plan_gpu(seen, entry["models"], entry["policy"], sharing, calibration)
+    except PlanError as err:
+        raise PlanError("model %s on GPU %s, beside %s: %s" % (entry["name"], index, ", ".join(beside) or "nothing",
+                                                              err))
+    plan["model_name"] = entry["name"]
+    if entry["load"] == "on_demand":  # a resident plan stays as it was recorded before
+        plan["load"] = "on_demand"
+    if others:
+        _shared(plan, index, gpu, others)
+    return plan, lines
+
+
+def _plan_each(cards, entries, held, on_demand, minimum, calibration):
+    """Step 2: each resident model planned in priority order on each of its cards, in
+    what the models before it took and the minimums of those after it (and the largest
+    on-demand one) leave; then each on-demand model alone, in what every resident model
+    took. Returns ({(name, gpu index): plan}, [(name, plan, table lines)] in order)."""
     sharing = {}
     for index, gpu in cards.items():
         key = tuple(sorted(gpu.get("cpu_affinity") or []))
-        sharing[key] = sharing.get(key, 0) + len(held[index])
+        sharing[key] = sharing.get(key, 0) + len(held[index]) + len(on_demand[index])
     planned, order = {}, []
-    for entry in entries:
+    for entry in [e for e in entries if e["load"] == "resident"]:
         name = entry["name"]
         for index in sorted(i for i in cards if name in held[i]):
             gpu = cards[index]
             position = held[index].index(name)
             before, after = held[index][:position], held[index][position + 1:]
+            lazy_min = _on_demand_min(minimum, on_demand, index)
             others = (sum(held_bytes(planned[(n, index)]) for n in before)
-                      + sum(minimum[(n, index)][0] for n in after))
-            seen = dict(gpu, memory_foreign_bytes=int(gpu.get("memory_foreign_bytes") or 0) + others)
-            try:
-                plan, lines = plan_gpu(seen, entry["models"], entry["policy"],
-                                       sharing[tuple(sorted(gpu.get("cpu_affinity") or []))], calibration)
-            except PlanError as err:
-                raise PlanError("model %s on GPU %s, beside %s: %s" % (name, index, ", ".join(before + after), err))
-            plan["model_name"] = name
-            if before or after:
-                _shared(plan, index, gpu, others)
+                      + sum(minimum[(n, index)][0] for n in after) + lazy_min)
+            plan, lines = _plan_one(entry, index, gpu, others, sharing[tuple(sorted(gpu.get("cpu_affinity") or []))],
+                                    calibration, before + after + on_demand[index])
+            if others:
                 plan["reason"] += (" Shares GPU %s with %s: %.2f GiB of the card counted as theirs (%s)." % (
-                    index, ", ".join(before + after), others / GIB, "; ".join(
-                        ["%s planned %.2f GiB" % (n, held_bytes(planned[(n, index)]) / GIB)
-                         for n in before] + ["%s kept at least %.2f GiB" % (n, minimum[(n, index)][0] / GIB)
-                                             for n in after])))
+                    index, ", ".join(before + after + on_demand[index]), others / GIB, "; ".join(
+                        ["%s planned %.2f GiB" % (n, held_bytes(planned[(n, index)]) / GIB) for n in before]
+                        + ["%s kept at least %.2f GiB" % (n, minimum[(n, index)][0] / GIB) for n in after]
+                        + (["the largest model loaded on demand kept at least %.2f GiB" % (lazy_min / GIB)]
+                           if lazy_min else []))))
+            planned[(name, index)] = plan
+            order.append((name, plan, lines))
+    for entry in [e for e in entries if e["load"] == "on_demand"]:
+        name = entry["name"]
+        for index in sorted(i for i in cards if name in on_demand[i]):
+            gpu = cards[index]
+            others = sum(held_bytes(planned[(n, index)]) for n in held[index])
+            plan, lines = _plan_one(entry, index, gpu, others, sharing[tuple(sorted(gpu.get("cpu_affinity") or []))],
+                                    calibration, held[index])
+            plan["reason"] += (" Loaded on demand on GPU %s by its router, alone in what the resident models leave%s." % (
+                index, " (%s: %.2f GiB)" % (", ".join("%s %.2f GiB" % (n, held_bytes(planned[(n, index)]) / GIB)
+                                                      for n in held[index]), others / GIB) if held[index] else ""))
             planned[(name, index)] = plan
             order.append((name, plan, lines))
     return planned, order
 
 
+def _router(index, names, planned, room, residents):
+    """A card's router: its on-demand models, --models-max and why."""
+    left = room - residents
+    sizes = [held_bytes(planned[(n, index)]) for n in names]
+    most = models_max(sizes, left)
+    largest = sorted(zip(sizes, names), key=lambda pair: -pair[0])[:most]
+    why = "%d of %d on-demand model(s) fit together in the %.2f GiB the resident models leave (%s)" % (
+        most, len(names), left / GIB, ", ".join("%s %.2f GiB" % (n, s / GIB) for s, n in largest))
+    if most < len(names):
+        why += "; loading another unloads the least recently used"
+    return {"gpu_index": index, "models": list(names), "models_max": most, "room_bytes": left, "reason": why}
+
+
 def place_models(gpus, entries, calibration=None, host_memory_bytes=None):
-    """Plans for several models on a host's GPUs: {plans (each with model_name), table,
-    placement ({gpu index: [model names]}), warnings}. Raises PlanError naming the model
+    """Plans for several models on a host's GPUs: {plans (each with model_name, an
+    on-demand one with load), table, placement ({gpu index: [resident model names]}), routers ([{gpu_index,
+    models (on-demand names), models_max, room_bytes, reason}]), warnings}. Raises PlanError naming the model
     that fits nowhere, with each card's figures. The card's headroom is the first
     model's policy's."""
     _check(entries)
     gpus = measured_overhead(host_gpus(gpus), calibration, [e.get("policy") for e in entries])
-    entries = [dict(e, policy=normalize_policy(e.get("policy") or {}),
+    entries = [dict(e, policy=normalize_policy(e.get("policy") or {}), load=e.get("load", "resident"),
                     gpus=e.get("gpus", "every" if i == 0 else 1)) for i, e in enumerate(entries)]
     cards = dict((gpu["index"], gpu) for gpu in gpus)
     room = dict((index, card_room_bytes(gpu, entries[0]["policy"])) for index, gpu in cards.items())
-    held, minimum = _assign(cards, entries, room)
-    planned, order = _plan_each(cards, entries, held, minimum, calibration)
+    held, on_demand, minimum = _assign(cards, entries, room)
+    planned, order = _plan_each(cards, entries, held, on_demand, minimum, calibration)
     plans = [plan for _, plan, _ in order]
     table = ["%s: %s" % (name, line) for name, _, lines in order for line in lines]
     warnings = ["%s: %s" % (name, w) for name, plan, _ in order for w in plan["warnings"]]
+    routers = []
     for index in sorted(cards):
         used = sum(held_bytes(planned[(n, index)]) for n in held[index])
-        table.append("GPU %s: %s; %.2f of %.2f GiB for instances used, %.2f GiB left" % (
+        line = "GPU %s: %s; %.2f of %.2f GiB for instances used, %.2f GiB left" % (
             index, ", ".join("%s %s (%.2f GiB)" % (n, planned[(n, index)]["quant"],
                                                   held_bytes(planned[(n, index)]) / GIB)
-                             for n in held[index]) or "no model", used / GIB, room[index] / GIB,
-            (room[index] - used) / GIB))
+                             for n in held[index]) or "no resident model", used / GIB, room[index] / GIB,
+            (room[index] - used) / GIB)
+        if on_demand[index]:
+            routers.append(_router(index, on_demand[index], planned, room[index], used))
+            line += "; on demand: %s; --models-max %d: %s" % (
+                ", ".join("%s %s (%.2f GiB)" % (n, planned[(n, index)]["quant"], held_bytes(planned[(n, index)]) / GIB)
+                          for n in on_demand[index]), routers[-1]["models_max"], routers[-1]["reason"])
+        table.append(line)
     table.append("host: %s" % prompt_cache(plans, entries[0]["policy"], host_memory_bytes))
     return {"plans": plans, "table": table, "placement": dict((i, list(held[i])) for i in sorted(cards)),
-            "warnings": warnings}
+            "routers": routers, "warnings": warnings}

@@ -689,7 +689,7 @@ def test_one_model_form_is_the_only_entry_when_no_models_are_named():
     ([{"name": "chat/1", "catalogue": _catalogue("a")}], [], "names its instances"),
     ([{"name": "chat", "catalogue": _catalogue("a")}, {"name": "Chat", "catalogue": _catalogue("b")}], [],
      "used twice"),
-    ([{"name": "chat", "catalogue": _catalogue("a"), "load": "on_demand"}], [], "not supported yet"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "load": "on_demand"}], [], "not served yet"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "gpus": 0}], [], "whole number >= 1"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "policy": []}], [], "policy must be a dict"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "ram": 1}], [], "unknown key(s) ram"),

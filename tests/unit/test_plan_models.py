@@ -3,6 +3,7 @@ model's memory counted on its card (issue 35, the planner's part). GPU facts fro
 real nvidia_gpu_facts module over the mock NVML profiles; models from synthetic GGUF
 headers: the 32B dense shape and an 8B one derived from it."""
 import pytest
+from hypothesis import given, strategies as st
 
 from conftest import ROOT, run_module
 
@@ -14,7 +15,7 @@ if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
 from ansible.module_utils import gguf_model, llama_plan as lp  # noqa: E402
 from ansible.module_utils.plan_memory import PlanError, card_room_bytes  # noqa: E402
 from ansible.module_utils.plan_model import model_from_metadata, quant_bpw  # noqa: E402
-from ansible.module_utils.plan_models import minimum_process_bytes, place_models  # noqa: E402
+from ansible.module_utils.plan_models import minimum_process_bytes, models_max, place_models  # noqa: E402
 
 GIB = 1 << 30
 BPW = {"Q3_K_S": 3.64, "Q4_K_M": 4.89, "Q5_K_M": 5.70, "Q6_K": 6.56, "Q8_0": 8.50}
@@ -150,7 +151,14 @@ def test_the_module_plans_several_models_and_refuses_by_name(gpus, dense_meta, s
     assert not result.get("failed"), result.get("msg")
     assert {str(k): v for k, v in result["placement"].items()} == {"0": ["chat", "coder"]}
     assert [p["model_name"] for p in result["plans"]] == ["chat", "coder"]
-    assert result["summary"].startswith("chat: ")
+    assert result["summary"].startswith("chat: ") and result["routers"] == []
+    lazy = run_module("llama_plan", {"gpus": card, "models": [
+        {"name": "chat", "candidates": declared(dense_meta, ("Q4_K_M",)), "policy": {"target_ctx": 32768}},
+        {"name": "coder", "candidates": declared(small_meta, ("Q3_K_S",)), "load": "on_demand",
+         "policy": {"target_ctx": 8192, "target_parallel": 1}}]})
+    assert not lazy.get("failed"), lazy.get("msg")
+    assert [(r["gpu_index"], r["models"], r["models_max"]) for r in lazy["routers"]] == [(0, ["coder"], 1)]
+    assert lazy["plans"][1]["load"] == "on_demand"
     failed = run_module("llama_plan", {"gpus": gpus("v100-sxm2-16gb"), "models": [
         {"name": "chat", "candidates": declared(dense_meta, ("Q3_K_S",))},
         {"name": "again", "candidates": declared(dense_meta, ("Q3_K_S",))}]})
@@ -186,3 +194,107 @@ def test_a_measured_cuda_context_replaces_the_table_s_figure(gpus, dense_meta, s
                                   {"name": "coder", "models": candidates(small_meta, ("Q3_K_S",)),
                                    "policy": {"target_ctx": 8192, "target_parallel": 1}}], measured)
     assert [p["memory"]["overhead_cuda_bytes"] for p in several["plans"]] == [505 << 20, 505 << 20]
+
+
+# --- models loaded on demand (llama-server's router, --models-max) ---------------------------
+
+def _small(ctx=8192):
+    return {"target_ctx": ctx, "target_parallel": 1}
+
+
+def test_on_demand_models_share_what_the_resident_ones_leave(gpus, dense_meta, small_meta):
+    """A 32B resident beside two 8Bs loaded on demand on a 32 GB V100: the resident keeps
+    the larger on-demand minimum free, each on-demand model is planned alone in what the
+    resident took, --models-max is how many of them fit that together, and the table and
+    reasons say so."""
+    card = gpus("v100-sxm2-32gb")
+    room = card_room_bytes(card[0], lp.normalize_policy({}))
+    result = place_models(card, [
+        {"name": "chat", "models": candidates(dense_meta), "policy": {"target_ctx": 32768}},
+        {"name": "coder", "models": candidates(small_meta), "policy": _small(), "load": "on_demand"},
+        {"name": "embed", "models": candidates(small_meta, ("Q3_K_S", "Q4_K_M")), "policy": _small(4096),
+         "load": "on_demand"}])
+    chat, coder, embed = processes(result, 0)
+    assert "load" not in chat and (coder["load"], embed["load"]) == ("on_demand", "on_demand")
+    assert result["placement"] == {0: ["chat"]}
+    (router,) = result["routers"]
+    assert (router["gpu_index"], router["models"]) == (0, ["coder", "embed"])
+    resident = chat["memory"]["predicted_process_bytes"]
+    assert router["room_bytes"] == room - resident
+    lazy = [coder["memory"]["predicted_process_bytes"], embed["memory"]["predicted_process_bytes"]]
+    # each alone fits beside the resident, and the router's limit holds the largest ones together
+    assert all(size <= room - resident for size in lazy)
+    # here the 8B takes Q6_K (7.55 GiB) of the 7.84 GiB left: one child at a time
+    assert sum(lazy) > room - resident and router["models_max"] == 1
+    assert "Loaded on demand on GPU 0 by its router" in coder["reason"] and "chat" in coder["reason"]
+    assert "the largest model loaded on demand kept at least" in chat["reason"]
+    assert any("on demand: coder" in line and "--models-max %d" % router["models_max"] in line
+               for line in result["table"])
+
+
+def test_the_resident_model_gives_way_to_the_on_demand_minimum(gpus, dense_meta, small_meta):
+    """Without on-demand models the 32B takes the card; with one it plans less, so that
+    the 8B still loads when asked for."""
+    card = gpus("v100-sxm2-32gb")
+    policy = {"target_ctx": 131072}
+    alone = place_models(card, [{"name": "chat", "models": candidates(dense_meta), "policy": policy}])["plans"][0]
+    both = place_models(card, [{"name": "chat", "models": candidates(dense_meta), "policy": policy},
+                               {"name": "coder", "models": candidates(small_meta), "policy": _small(),
+                                "load": "on_demand"}])
+    chat = both["plans"][0]
+    assert chat["memory"]["predicted_process_bytes"] < alone["memory"]["predicted_process_bytes"]
+    assert both["routers"][0]["models_max"] == 1
+
+
+def test_an_on_demand_model_needs_room_beside_the_residents_only(gpus, small_meta):
+    """Three 8Bs on demand on a 16 GB card with no resident model: each fits alone, not
+    all three together; the router holds as many as fit (the LRU unloads the others)."""
+    card = gpus("v100-sxm2-16gb")
+    lazy = {"target_ctx": 4096, "target_parallel": 1}
+    result = place_models(card, [{"name": n, "models": candidates(small_meta, ("Q3_K_S", "Q4_K_M")),
+                                  "policy": lazy, "load": "on_demand"} for n in ("a", "b", "c")])
+    (router,) = result["routers"]
+    assert router["models"] == ["a", "b", "c"] and result["placement"] == {0: []}
+    sizes = [p["memory"]["predicted_process_bytes"] for p in result["plans"]]
+    assert sum(sizes) > router["room_bytes"]
+    assert 1 <= router["models_max"] < 3
+    assert sum(sorted(sizes, reverse=True)[:router["models_max"]]) <= router["room_bytes"]
+    assert "loading another unloads the least recently used" in router["reason"]
+
+
+def test_an_on_demand_model_that_does_not_fit_beside_the_residents_is_refused_by_name(gpus, dense_meta):
+    card = gpus("v100-sxm2-16gb")
+    with pytest.raises(PlanError) as err:
+        place_models(card, [{"name": "chat", "models": candidates(dense_meta)},
+                            {"name": "big", "models": candidates(dense_meta), "load": "on_demand"}])
+    text = str(err.value)
+    assert "model big (loaded on demand: beside the resident models only) fits on no GPU" in text
+    assert "chat >=" in text and "needs at least" in text
+
+
+def test_a_resident_after_an_on_demand_model_keeps_its_room(gpus, dense_meta, small_meta):
+    """The list's order is the priority: an on-demand 8B listed first keeps its minimum
+    when a 32B resident comes after it, on a card where both fit only that way."""
+    card = gpus("v100-sxm2-16gb")
+    with pytest.raises(PlanError, match="model chat fits on no GPU"):
+        place_models(card, [{"name": "coder", "models": candidates(small_meta), "policy": _small(),
+                             "load": "on_demand"},
+                            {"name": "chat", "models": candidates(dense_meta)}])
+
+
+def test_a_bad_load_is_named(gpus):
+    with pytest.raises(PlanError, match="load must be resident .* or on_demand"):
+        place_models(gpus("v100-sxm2-32gb"), [{"name": "a", "models": [1], "load": "lazy"}])
+
+
+@given(sizes=st.lists(st.integers(1, 40 << 30), min_size=1, max_size=8), room=st.integers(1, 80 << 30))
+def test_models_max_holds_the_largest_that_fit_together(sizes, room):
+    """Whatever k models the router keeps, they fit: the k largest do; one more of the
+    largest would not (unless all are counted); never below one."""
+    most = models_max(sizes, room)
+    ranked = sorted(sizes, reverse=True)
+    assert 1 <= most <= len(sizes)
+    if sum(ranked[:most]) > room:
+        assert most == 1
+    if most < len(sizes):
+        assert sum(ranked[:most + 1]) > room

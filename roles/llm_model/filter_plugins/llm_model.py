@@ -482,9 +482,10 @@ def llm_model_served(models, catalogue, name, policy, model_dir, draft=None):
         names.add(model.lower())
         load = raw.get("load", "resident")
         if load != "resident":
-            _fail("%s (%s): load is %r; only resident models are planned and served (models loaded on demand, "
-                  "through llama-server's router mode, are not supported yet): set load: resident or leave it out"
-                  % (where, model, load))
+            _fail("%s (%s): load is %r; only resident models are served. Models loaded on demand are planned "
+                  "(the llama_plan module's models option with load: on_demand shows each card's placement and "
+                  "--models-max) but not served yet (docs/planning.md, models loaded on demand): set load: "
+                  "resident or leave it out" % (where, model, load))
         gpus = raw.get("gpus", "every" if rank == 0 else 1)
         if gpus != "every" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
             _fail("%s (%s): gpus is %r; use every (an instance on each GPU) or a whole number >= 1" % (where, model,
