@@ -708,15 +708,18 @@ def _split_verdict(singles, split, floor, prefer=False):
                                 "is the fastest", s["split_mode"], s["quant"], s["expected_decode_tps"]))
 
 
-def prompt_cache(plans, policy, host_memory_bytes):
+def prompt_cache(plans, policy, host_memory_bytes, at_once=None):
     """Each plan's prompt cache in host RAM (cache_ram_mib, --cache-ram) and slot prompt
     similarity: policy.prompt_cache_mib per instance, at most policy.prompt_cache_host_share
     of the host's RAM for all the instances together (host_memory_bytes None: not bounded,
-    said so). Adds the cost to each plan's reason; returns the host's line for the table."""
+    said so). at_once: how many of the plans run at the same time (default all; a router
+    holds at most --models-max of its on-demand models). Adds the cost to each plan's
+    reason; returns the host's line for the table."""
+    running = len(plans) if at_once is None else at_once
     wanted = policy["prompt_cache_mib"]
     share = policy["prompt_cache_host_share"]
     if wanted and host_memory_bytes:
-        bound = int(share * host_memory_bytes / MIB / max(len(plans), 1))
+        bound = int(share * host_memory_bytes / MIB / max(running, 1))
         each = min(wanted, bound)
     else:
         bound, each = None, wanted
@@ -729,16 +732,16 @@ def prompt_cache(plans, policy, host_memory_bytes):
                                "conversation's earlier turns are restored from it instead of prefilled again." % (
                                    each, "" if bound is None or each == wanted else
                                    ", policy.prompt_cache_mib %d bounded by %.0f%% of the host's %.0f GiB over %d "
-                                   "instance(s)" % (wanted, share * 100, host_memory_bytes / GIB, len(plans))))
+                                   "instance(s)" % (wanted, share * 100, host_memory_bytes / GIB, running)))
     if not each:
         return "prompt cache off (%s)" % ("policy.prompt_cache_mib 0" if not wanted else
                                           "policy.prompt_cache_host_share leaves no RAM for it")
-    total = each * len(plans)
+    total = each * running
     if host_memory_bytes:
         return "prompt cache %d MiB x %d instance(s) = %.1f GiB of the host's %.1f GiB RAM (at most %.0f%%)" % (
-            each, len(plans), total / 1024.0, host_memory_bytes / GIB, share * 100)
+            each, running, total / 1024.0, host_memory_bytes / GIB, share * 100)
     return "prompt cache %d MiB x %d instance(s) = %.1f GiB of host RAM (the host's RAM unknown: not bounded)" % (
-        each, len(plans), total / 1024.0)
+        each, running, total / 1024.0)
 
 
 def host_gpus(gpus):

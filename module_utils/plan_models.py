@@ -135,7 +135,10 @@ def _assign(cards, entries, room):
         else:
             if entry["gpus"] > len(cards):
                 raise PlanError("model %s wants %d GPUs; this host has %d" % (name, entry["gpus"], len(cards)))
-            chosen = sorted(sorted(cards, key=lambda i: (-left[i], i))[:entry["gpus"]])
+            # an on-demand model goes where it and the other on-demand ones fit together best
+            # (so their router unloads least); a resident one where most is left
+            rank = dict((i, left[i] - (sum(minimum[(n, i)][0] for n in on_demand[i]) if lazy else 0)) for i in cards)
+            chosen = sorted(sorted(cards, key=lambda i: (-rank[i], i))[:entry["gpus"]])
         short = [i for i in chosen if minimum[(name, i)][0] > left[i]]
         if short:
             raise PlanError("model %s%s fits on no GPU it needs beside the models before it: %s" % (
@@ -276,6 +279,8 @@ def place_models(gpus, entries, calibration=None, host_memory_bytes=None):
                 ", ".join("%s %s (%.2f GiB)" % (n, planned[(n, index)]["quant"], held_bytes(planned[(n, index)]) / GIB)
                           for n in on_demand[index]), routers[-1]["models_max"], routers[-1]["reason"])
         table.append(line)
-    table.append("host: %s" % prompt_cache(plans, entries[0]["policy"], host_memory_bytes))
+    # the host's RAM for prompt caches: the resident processes and at most --models-max children per router
+    at_once = sum(len(names) for names in held.values()) + sum(router["models_max"] for router in routers)
+    table.append("host: %s" % prompt_cache(plans, entries[0]["policy"], host_memory_bytes, at_once))
     return {"plans": plans, "table": table, "placement": dict((i, list(held[i])) for i in sorted(cards)),
             "routers": routers, "warnings": warnings}

@@ -260,6 +260,8 @@ def test_an_on_demand_model_needs_room_beside_the_residents_only(gpus, small_met
     assert 1 <= router["models_max"] < 3
     assert sum(sorted(sizes, reverse=True)[:router["models_max"]]) <= router["room_bytes"]
     assert "loading another unloads the least recently used" in router["reason"]
+    # the host's RAM holds the prompt caches of the children that run at once, not of all three
+    assert "x %d instance(s)" % router["models_max"] in result["table"][-1]
 
 
 def test_an_on_demand_model_that_does_not_fit_beside_the_residents_is_refused_by_name(gpus, dense_meta):
@@ -298,3 +300,18 @@ def test_models_max_holds_the_largest_that_fit_together(sizes, room):
         assert most == 1
     if most < len(sizes):
         assert sum(ranked[:most + 1]) > room
+
+
+def test_on_demand_models_spread_over_the_cards(gpus, small_meta):
+    """Two 16 GB cards, an 8B resident on both, two 8Bs on demand on one GPU each: they go
+    to different cards (each router then holds its model beside the resident one without
+    unloading), not both to the first."""
+    cards = gpus("2x-v100-sxm2-16gb-nvlink")
+    small = {"allow_split": False, "target_ctx": 4096, "target_parallel": 1}
+    result = place_models(cards, [{"name": "chat", "models": candidates(small_meta), "policy": small},
+                                  {"name": "a", "models": candidates(small_meta), "policy": small,
+                                   "load": "on_demand"},
+                                  {"name": "b", "models": candidates(small_meta), "policy": small,
+                                   "load": "on_demand"}])
+    assert [(r["gpu_index"], r["models"]) for r in result["routers"]] == [(0, ["a"]), (1, ["b"])]
+    assert result["placement"] == {0: ["chat"], 1: ["chat"]}
