@@ -67,12 +67,18 @@ HERE=$REPO/benchmarks/gpu-host
 OUT=${OUT:-/root/gpu-host-out}
 WORK=${WORK:-/root/gpu-host}
 ARCHIVE=${ARCHIVE:-$REPO/.cache/harness/llama.cpp-0c1e57098bba.tar.gz}
+MODEL_GIVEN=${MODEL:+1}
 MODEL=${MODEL:-/var/lib/llm-fleet/staged/qwen2.5-32b-shape-q4_k-random.gguf}
 rm -f "$OUT/rc.txt"; mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
 cd "$REPO" || exit 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 T0=$SECONDS
 stamp() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*"; }
+# The bundle is packed however the script ends, a failed stage included. A run that may
+# outlast the 600 s device call: `timeout 560 bash run.sh ...; [ -f "$BUNDLE" ] || tar -czf
+# "$BUNDLE" -C "$OUT" .`, so that what it measured until then still comes back.
+pack() { [ -n "${BUNDLE:-}" ] && tar -czf "$BUNDLE" -C "$OUT" . 2>/dev/null; }
+trap pack EXIT
 
 # --- Ansible on this machine (the controller is the host) -------------------------
 stamp "install ansible-core from .whl"
@@ -87,7 +93,11 @@ playbook() { python3 "$WORK/site/bin/ansible-playbook" -i "$HERE/inventory.yml" 
 # --- The model file (in the background; gguf-py from the llama.cpp tree) ----------
 mkdir -p "$WORK/src"
 tar -xzf "$ARCHIVE" -C "$WORK/src" --strip-components=1 --wildcards '*/gguf-py/*' || exit 2
-if [ ! -f "$MODEL" ]; then
+if [ ! -f "$MODEL" ] && [ -n "$MODEL_GIVEN" ]; then
+  # a staged real model that is gone (a machine released between calls) is never replaced
+  # by the random-weight one under its name
+  stamp "MODEL=$MODEL is not there (staged on a machine since released?): stage it again"; exit 7
+elif [ ! -f "$MODEL" ]; then
   stamp "write the random-weight GGUF in the background"
   ( PYTHONPATH="$WORK/src/gguf-py" python3 "$REPO/benchmarks/make_random_gguf.py" "$MODEL" && sha256sum "$MODEL" | cut -d' ' -f1 > "$MODEL.sha256" ) > "$OUT/model-write.log" 2>&1 &
   MODEL_PID=$!
@@ -171,7 +181,6 @@ fi
 # and skips the compile, so a run too long for one 600 s device call fits in two.
 if [ -n "${BUILD_ONLY:-}" ]; then
   stamp "BUILD_ONLY: the build is installed; stop"
-  [ -n "${BUNDLE:-}" ] && tar -czf "$BUNDLE" -C "$OUT" .
   exit 0
 fi
 
@@ -427,5 +436,4 @@ PY
 # Every stage's fact (the stage contract, module_utils/stage_contract.py), and one
 # bundle of everything (the device tool brings back only a few files per call).
 cp /etc/ansible/facts.d/llm_fleet_*.fact "$OUT/" 2>/dev/null
-[ -n "${BUNDLE:-}" ] && tar -czf "$BUNDLE" -C "$OUT" .
 stamp "done"
