@@ -74,6 +74,12 @@ def _vars(version, **over):
         "llama_server_args": ["--model", "/m/q 4.gguf", "--ctx-size", "32768"],
         "llama_server_gpu_minors": [1], "llama_server_numa_node": 1,
         "llama_server_cpu_affinity": filters.llama_server_cpu_list(AFFINITY),
+        # a card's router for its models loaded on demand
+        "llama_server_router": {"gpu_index": 1, "models": ["code", "embed"], "models_max": 1},
+        "llama_server_router_preset_path": "/etc/llm-fleet/llama-server/1-router.ini",
+        "llama_server_router_uuid": "GPU-1111",
+        "llama_server_router_argv": ["--host", "127.0.0.1", "--port", "8181", "--models-preset",
+                                     "/etc/llm-fleet/llama-server/1-router.ini", "--models-max", "1"],
         # gpu_tuning
         "llm_fleet_gpu_target": "llm-fleet-gpu.target", "gpu_tuning_config_path": "/etc/llm-fleet/gpu-tuning.json",
         "gpu_tuning_tool": "/opt/llm-fleet/bin/gpu-tuning-apply", "gpu_tuning_nvml_wait_seconds": 60,

@@ -160,6 +160,18 @@ def test_accepts_loopback(url, expected):
     assert lt.check_local(url) == expected
 
 
+def test_through_a_router_every_request_names_its_model():
+    """llama-server's router routes a GET by ?model= and a POST by the body's "model";
+    /health is the router's own."""
+    client = lt.Client("http://127.0.0.1:8180", model="code-7b.q4")
+    assert client._path("/props") == "/props?model=code-7b.q4"
+    assert client._path("/slots?fail_on_no_slot=1") == "/slots?fail_on_no_slot=1&model=code-7b.q4"
+    assert client._path("/health") == "/health"
+    assert client._payload({"prompt": "x"}) == {"prompt": "x", "model": "code-7b.q4"}
+    plain = lt.Client("http://127.0.0.1:8080")
+    assert plain._path("/props") == "/props" and plain._payload({"prompt": "x"}) == {"prompt": "x"}
+
+
 def test_stream_levels():
     assert lt.parse_streams("1,4,slots", 8) == [1, 4, 8]
     assert lt.parse_streams("1, 4, slots", 4) == [1, 4]

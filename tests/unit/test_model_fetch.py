@@ -689,7 +689,9 @@ def test_one_model_form_is_the_only_entry_when_no_models_are_named():
     ([{"name": "chat/1", "catalogue": _catalogue("a")}], [], "names its instances"),
     ([{"name": "chat", "catalogue": _catalogue("a")}, {"name": "Chat", "catalogue": _catalogue("b")}], [],
      "used twice"),
-    ([{"name": "chat", "catalogue": _catalogue("a"), "load": "on_demand"}], [], "not served yet"),
+    ([{"name": "chat", "catalogue": _catalogue("a"), "load": "lazy"}], [], "load is 'lazy'; use resident"),
+    ([{"name": "chat", "catalogue": _catalogue("a")}, {"name": "Router", "catalogue": _catalogue("b")}], [],
+     "may not be named Router"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "gpus": 0}], [], "whole number >= 1"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "policy": []}], [], "policy must be a dict"),
     ([{"name": "chat", "catalogue": _catalogue("a"), "ram": 1}], [], "unknown key(s) ram"),
@@ -731,6 +733,31 @@ def test_several_models_are_planned_fetched_and_recorded_per_model():
     assert [m["name"] for m in record["models"]] == ["chat", "code"]
     assert record["summary"].startswith("chat: GPU 0: Q4_K_M") and " || code: GPU 0: Q4_K_M" in record["summary"]
     assert record["model"] == "chat" and record["placement"] == {0: ["chat", "code"]}
+
+
+def test_models_loaded_on_demand_are_planned_and_recorded_with_their_router():
+    """load: on_demand reaches the planner; the record keeps each card's router (its
+    instance and the rank whose port it takes) and says so in the summary."""
+    served = F.llm_model_served([{"name": "chat", "catalogue": _catalogue("chat")},
+                                 {"name": "code", "catalogue": _catalogue("code"), "load": "on_demand"},
+                                 {"name": "embed", "catalogue": _catalogue("embed"), "load": "on_demand"}],
+                                [], "", {}, "/m")
+    assert [m["load"] for m in served] == ["resident", "on_demand", "on_demand"]
+    assert [m["load"] for m in F.llm_model_plan_models(served)] == ["resident", "on_demand", "on_demand"]
+    plans = [dict(PLAN, model_name="chat", model_path="/m/chat.gguf"),
+             dict(PLAN, model_name="code", model_path="/m/code.gguf", load="on_demand"),
+             dict(PLAN, model_name="embed", model_path="/m/embed.gguf", load="on_demand")]
+    fetched = {"files": [{"path": "/m/%s.gguf" % n, "action": "present"} for n in ("chat", "code", "embed")]}
+    routers = [{"gpu_index": 0, "models": ["code", "embed"], "models_max": 1, "room_bytes": 1 << 30, "reason": "r"}]
+    record = F.llm_model_records(plans, served, fetched, None, "/x", "/m",
+                                 {"plans": plans, "placement": {0: ["chat"]}, "routers": routers}, [])
+    assert [(r["instance"], r["model_rank"], r["models_max"]) for r in record["routers"]] == [("0-router", 1, 1)]
+    assert [p.get("load") for p in record["plans"]] == [None, "on_demand", "on_demand"]
+    assert [m.get("load") for m in record["models"]] == [None, "on_demand", "on_demand"]
+    assert record["summary"].endswith(" || GPU 0 router: code, embed on demand, --models-max 1")
+    # without models loaded on demand the record has no routers key (a fact unchanged on upgrade)
+    two = F.llm_model_records(plans[:1], served[:1], fetched, None, "/x", "/m", {"plans": plans[:1]}, [])
+    assert "routers" not in two
 
 
 def test_one_model_record_is_unchanged_but_names_its_instance():

@@ -110,3 +110,43 @@ def test_any_flags_survive_the_round_trip(pairs, name):
         argv.extend(["--" + key] + ([value] if value is not None else []))
     section = read_ini(router_preset([(name, argv)]))[name]
     assert section == dict((k, "true" if v is None else v) for k, v in pairs.items())
+
+
+# --- the llama_server role's filters for a card's router ------------------------------------
+
+ROUTER_BUILD = NEW_BUILD + ["--models-preset", "--models-max"]
+
+
+def test_a_card_s_on_demand_plans_become_its_router_s_preset():
+    """One section per plan, named by its model, with the flags the role renders for a
+    resident instance of that plan (threads capped by the host's CPUs); the router's
+    own host, port and the models' aliases stay out."""
+    code = dict(PLAN, model_name="code", model_path="/m/code.gguf", threads=20, load="on_demand")
+    embed = dict(PLAN, model_name="embed", model_path="/m/embed.gguf", threads=4, parallel=1, load="on_demand")
+    text = filters.llama_server_router_preset([code, embed], dict(OPTIONS, threads=8), ROUTER_BUILD)
+    ini = read_ini(text)
+    assert set(ini) == {"", "code", "embed"}
+    assert ini["code"]["model"] == "/m/code.gguf" and ini["code"]["threads"] == "8"
+    assert ini["embed"]["model"] == "/m/embed.gguf" and ini["embed"]["threads"] == "4"
+    assert ini["embed"]["parallel"] == "1"
+    assert not any(k in section for section in ini.values() for k in ("host", "port", "alias"))
+
+
+def test_the_router_s_command_line_and_what_it_needs():
+    router = {"gpu_index": 1, "models": ["code"], "models_max": 2}
+    args = filters.llama_server_router_args(router, {"host": "0.0.0.0", "port": 8181, "preset": "/etc/p.ini",
+                                                     "api_key_file": "/etc/k"}, ROUTER_BUILD)
+    assert args == ["--host", "0.0.0.0", "--port", "8181", "--models-preset", "/etc/p.ini", "--models-max", "2",
+                    "--api-key-file", "/etc/k"]
+    with pytest.raises(filters.FilterInputError, match="no --models-preset flag.*load: resident"):
+        filters.llama_server_router_args(router, {"host": "h", "port": 1, "preset": "p"}, NEW_BUILD)
+
+
+def test_a_model_loaded_on_demand_is_recorded_at_its_router():
+    """Its record is a resident instance's, reached at the router's port and unit."""
+    plan = dict(PLAN, model_name="code", model_rank=2, instance="1-code", load="on_demand")
+    router = {"gpu_index": 1, "models": ["code"], "models_max": 1, "model_rank": 2, "instance": "1-router"}
+    entry = filters.llama_server_on_demand_instance(plan, router, 8080, "build", {"1-router": "f", "1-code": "x"})
+    assert (entry["instance"], entry["port"], entry["unit"]) == ("1-code", 8281, "llama-server@1-router.service")
+    assert (entry["load"], entry["router"], entry["fingerprint"]) == ("on_demand", "1-router", "f")
+    assert entry["model_name"] == "code" and entry["parallel"] == PLAN["parallel"]

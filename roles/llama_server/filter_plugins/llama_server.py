@@ -20,9 +20,10 @@ _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
-from ansible.module_utils.llama_flags import PLAN_FLAGS, RUN_FLAGS, SERVER, plan_flags, run_flag  # noqa: E402
+from ansible.module_utils.llama_flags import (PLAN_FLAGS, RUN_FLAGS, SERVER, plan_flags, router_preset,  # noqa: E402
+                                              run_flag)
 from ansible.module_utils.filter_input import FilterInputError, guard_filters, short  # noqa: E402
-from ansible.module_utils.fleet_instances import instance_id, instance_port  # noqa: E402
+from ansible.module_utils.fleet_instances import instance_id, instance_port, router_id  # noqa: E402
 
 # CUDA_MODULE_LOADING=LAZY is honoured from CUDA 11.7 on; lazy loading is the
 # default only from 12.2, so an 11.8 build (the V100 fleet's) loads every kernel
@@ -126,6 +127,50 @@ def llama_server_instance(plan, base_port, build_key="", fingerprints=None, mode
     entry["unit"] = "llama-server@%s.service" % instance
     entry["build_key"] = build_key
     entry["fingerprint"] = (fingerprints or {}).get(instance)
+    return entry
+
+
+def llama_server_router_preset(plans, options, supported_flags):
+    """The --models-preset INI of a card's router: one section per on-demand plan, its
+    model's name, holding the flags llama_server_args renders for it (the router sets
+    each child's host, port and alias and keeps the API key)."""
+    sections = []
+    for plan in plans:
+        # options' threads: the host's CPUs, which each plan's own count may not pass
+        threads = min(int(plan.get("threads") or options["threads"]), int(options["threads"]))
+        args = llama_server_args(plan, dict(options, alias=plan.get("model_name"), threads=threads),
+                                 supported_flags)["args"]
+        sections.append((plan.get("model_name"), args))
+    try:
+        return router_preset(sections, comment="llm-fleet: the models loaded on demand on this GPU, one section each "
+                                               "(llama-server --models-preset)")
+    except ValueError as err:
+        raise FilterInputError("the router's preset: %s" % err)
+
+
+def llama_server_router_args(router, options, supported_flags):
+    """The router's own command line: where it listens, its preset and --models-max,
+    and the API key it checks (its children listen on 127.0.0.1 without one)."""
+    supported = set(supported_flags or [])
+    for flag in ("--models-preset", "--models-max"):
+        if flag not in supported:
+            raise FilterInputError("the installed llama-server has no %s flag, which serving models on demand needs "
+                                   "(llama-server's router mode): build a llama.cpp that has it (the llama_cpp "
+                                   "stage), or set load: resident" % flag)
+    args = ["--host", str(options["host"]), "--port", str(options["port"]), "--models-preset",
+            str(options["preset"]), "--models-max", str(int(router["models_max"]))]
+    if options.get("api_key_file"):
+        args += ["--api-key-file", str(options["api_key_file"])]
+    return args
+
+
+def llama_server_on_demand_instance(plan, router, base_port, build_key="", fingerprints=None, model_port_step=100):
+    """The fact's record of a model loaded on demand: llama_server_instance's, reached
+    through its card's router (its port and unit), with load on_demand."""
+    entry = llama_server_instance(plan, base_port, build_key, None, model_port_step)
+    rid = router_id(router["gpu_index"])
+    entry.update(load="on_demand", router=rid, port=instance_port(router, base_port, model_port_step),
+                 unit="llama-server@%s.service" % rid, fingerprint=(fingerprints or {}).get(rid))
     return entry
 
 
@@ -233,6 +278,9 @@ _KINDS = {
     "llama_server_instance_id": {"plan": "dict"},
     "llama_server_port": {"plan": "dict"},
     "llama_server_environment": {"llama_cpp_fact": "dict?"},
+    "llama_server_router_preset": {"plans": "dicts", "options": "dict", "supported_flags": "list?"},
+    "llama_server_router_args": {"router": "dict", "options": "dict", "supported_flags": "list?"},
+    "llama_server_on_demand_instance": {"plan": "dict", "router": "dict", "fingerprints": "dict?"},
 }
 
 
@@ -245,6 +293,9 @@ class FilterModule(object):
             "llama_server_port": llama_server_port,
             "llama_server_health_retries": llama_server_health_retries,
             "llama_server_environment": llama_server_environment,
+            "llama_server_router_preset": llama_server_router_preset,
+            "llama_server_router_args": llama_server_router_args,
+            "llama_server_on_demand_instance": llama_server_on_demand_instance,
             "llama_server_cpu_list": llama_server_cpu_list,
             "llama_server_systemd_version": llama_server_systemd_version,
         }, _KINDS)

@@ -37,7 +37,7 @@ from ansible.module_utils.gpu_health import FOREIGN_POLICIES, foreign_processes 
 from ansible.module_utils.llama_flags import FIT_PARAMS, plan_argv  # noqa: E402
 from ansible.module_utils.plan_explain import plan_summary  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
-from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
+from ansible.module_utils.fleet_instances import ROUTER_SUFFIX, instance_id, router_id  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -481,11 +481,12 @@ def llm_model_served(models, catalogue, name, policy, model_dir, draft=None):
             _fail("%s.name %s is used twice: each model needs its own name" % (where, model))
         names.add(model.lower())
         load = raw.get("load", "resident")
-        if load != "resident":
-            _fail("%s (%s): load is %r; only resident models are served. Models loaded on demand are planned "
-                  "(the llama_plan module's models option with load: on_demand shows each card's placement and "
-                  "--models-max) but not served yet (docs/planning.md, models loaded on demand): set load: "
-                  "resident or leave it out" % (where, model, load))
+        if load not in ("resident", "on_demand"):
+            _fail("%s (%s): load is %r; use resident (always loaded, its own instance) or on_demand (loaded by "
+                  "its card's llama-server router when a request names it)" % (where, model, load))
+        if model.lower() == ROUTER_SUFFIX:
+            _fail("%s: a model may not be named %s: its card's router for models loaded on demand is "
+                  "llama-server@<gpu>-%s" % (where, model, ROUTER_SUFFIX))
         gpus = raw.get("gpus", "every" if rank == 0 else 1)
         if gpus != "every" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
             _fail("%s (%s): gpus is %r; use every (an instance on each GPU) or a whole number >= 1" % (where, model,
@@ -502,7 +503,7 @@ def llm_model_served(models, catalogue, name, policy, model_dir, draft=None):
                     _fail("%s (%s): file %s is also model %s's file, with another sha256: give one of them another "
                           "name" % (where, model, f["dest"], seen[0]))
         served.append({"name": model, "rank": rank, "entries": entries, "policy": policy_m, "gpus": gpus,
-                       "draft": _draft_entry(raw.get("draft"), model_dir, "%s.draft" % where)})
+                       "load": load, "draft": _draft_entry(raw.get("draft"), model_dir, "%s.draft" % where)})
     return served
 
 
@@ -532,7 +533,7 @@ def llm_model_plan_models(served, plans=None):
     ones the first plans chose)."""
     out = []
     for m in served:
-        out.append({"name": m["name"], "policy": m["policy"], "gpus": m["gpus"],
+        out.append({"name": m["name"], "policy": m["policy"], "gpus": m["gpus"], "load": m.get("load", "resident"),
                     "candidates": llm_model_candidates(m["entries"], None if plans is None
                                                        else _of_model(plans, m["name"]))})
         if m.get("draft"):
@@ -580,11 +581,19 @@ def llm_model_records(plans, served, fetched, fit_results=None, fit_tool="", mod
     if not several:
         first["models"] = [{"name": first["model"], "rank": 0, "summary": first["summary"]}]
         return first
+    ranks = dict((m["name"], m["rank"]) for m in served)
+    routers = [dict(router, instance=router_id(router["gpu_index"]),
+                    # the router listens where its first model's instance would (a port no instance uses)
+                    model_rank=min(ranks[n] for n in router["models"]))
+               for router in (choice or {}).get("routers") or []]
     return dict(first, plans=[p for r in records for p in r["plans"]],
-                models=[{"name": r["model"], "rank": i, "policy": r["policy"], "summary": r["summary"]}
+                models=[dict({"name": r["model"], "rank": i, "policy": r["policy"], "summary": r["summary"]},
+                             **({"load": "on_demand"} if served[i].get("load") == "on_demand" else {}))
                         for i, r in enumerate(records)],
-                summary=" || ".join("%s: %s" % (r["model"], r["summary"]) for r in records),
-                placement=(choice or {}).get("placement") or {})
+                summary=" || ".join("%s: %s" % (r["model"], r["summary"]) for r in records)
+                + "".join(" || GPU %s router: %s on demand, --models-max %d" % (
+                    r["gpu_index"], ", ".join(r["models"]), r["models_max"]) for r in routers),
+                placement=(choice or {}).get("placement") or {}, **({"routers": routers} if routers else {}))
 
 
 _KINDS = {

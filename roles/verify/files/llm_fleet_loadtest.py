@@ -36,7 +36,7 @@ import time
 
 try:  # Python 3
     import http.client as httplib
-    from urllib.parse import urlsplit
+    from urllib.parse import quote, urlsplit
 except ImportError:  # pragma: no cover - Python 2 is not supported, but fail clearly
     sys.exit("llm_fleet_loadtest needs Python 3")
 
@@ -112,10 +112,21 @@ def read_api_key(path):
 class Client(object):
     """Minimal HTTP/1.1 client for one llama-server on this host."""
 
-    def __init__(self, url, api_key=None, timeout=120.0):
+    def __init__(self, url, api_key=None, timeout=120.0, model=None):
         self.host, self.port = check_local(url)
         self.api_key = api_key
         self.timeout = float(timeout)
+        # a router (llama-server --models-preset): every request names its model, in the
+        # body of a POST and as ?model= of a GET; the router loads it first if it must
+        self.model = model or None
+
+    def _path(self, path):
+        if not self.model or path == "/health":
+            return path
+        return "%s%smodel=%s" % (path, "&" if "?" in path else "?", quote(self.model, safe=""))
+
+    def _payload(self, payload):
+        return dict(payload, model=self.model) if self.model and isinstance(payload, dict) else payload
 
     def _headers(self, extra=None):
         headers = {"Accept": "application/json"}
@@ -132,9 +143,9 @@ class Client(object):
         conn = self.connect(timeout)
         try:
             if payload is None:
-                conn.request(method, path, headers=self._headers())
+                conn.request(method, self._path(path), headers=self._headers())
             else:
-                conn.request(method, path, body=json.dumps(payload).encode("utf-8"),
+                conn.request(method, path, body=json.dumps(self._payload(payload)).encode("utf-8"),
                              headers=self._headers({"Content-Type": "application/json"}))
             resp = conn.getresponse()
             body = resp.read()
@@ -168,16 +179,16 @@ class Client(object):
                                     % (self.host, self.port, timeout, last))
             time.sleep(0.5)
 
-    def props(self):
+    def props(self, timeout=10.0):
         try:
-            status, body = self.get_json("/props")
+            status, body = self.get_json("/props", timeout=timeout)
         except (socket.error, httplib.HTTPException):
             return {}
         return body if status == 200 and isinstance(body, dict) else {}
 
     def stream_completion(self, payload):
         """POST /completion with stream=true; returns one stream's measurements."""
-        body = json.dumps(payload).encode("utf-8")
+        body = json.dumps(self._payload(payload)).encode("utf-8")
         result = {"ok": False, "tokens": 0, "events": 0, "ttft_s": None, "total_s": None,
                   "decode_tps": None, "error": None, "timings": None, "prompt_tokens": None}
         start = time.time()
@@ -371,7 +382,7 @@ def first_token(client, prompt, tokens, n_ctx):
 
 def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=None, timeout=120.0,
         budget_s=600.0, max_streams=MAX_STREAMS, max_requests=MAX_REQUESTS, health_timeout=60.0, warmup=True,
-        first_token_tokens=0):
+        first_token_tokens=0, model=None):
     """The whole load test as a dict (what the command line prints)."""
     n_predict = int(n_predict)
     if not 1 <= n_predict <= MAX_N_PREDICT:
@@ -381,11 +392,12 @@ def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=
                             % (MAX_FIRST_TOKEN_TOKENS, int(first_token_tokens)))
     max_streams = min(int(max_streams), MAX_STREAMS)
     max_requests = min(int(max_requests), MAX_REQUESTS)
-    client = Client(url, api_key=api_key, timeout=timeout)
+    client = Client(url, api_key=api_key, timeout=timeout, model=model)
     started = time.time()
     deadline = started + float(budget_s)
     client.wait_healthy(health_timeout)
-    props = client.props()
+    # through a router, the first request naming the model waits while it loads
+    props = client.props(health_timeout if model else 10.0)
     slots = props.get("total_slots")
     n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
     levels = parse_streams(streams, slots)
@@ -454,13 +466,15 @@ def main(argv=None):
     parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS)
     parser.add_argument("--no-warmup", action="store_true", help="skip the short warm-up request")
     parser.add_argument("--strip-streams", action="store_true", help="leave the per-stream details out")
+    parser.add_argument("--model", default=None,
+                        help="the model to name in every request (a router, llama-server --models-preset)")
     parser.add_argument("--first-token-tokens", type=int, default=0,
                         help="also time the first token of one prompt this many tokens long (0: no)")
     args = parser.parse_args(argv)
     try:
         report = run(args.url, args.streams, args.n_predict, args.prompt, read_api_key(args.api_key_file),
                      args.timeout, args.budget_s, args.max_streams, args.max_requests, args.health_timeout,
-                     not args.no_warmup, args.first_token_tokens)
+                     not args.no_warmup, args.first_token_tokens, args.model)
     except LoadTestError as err:
         print(json.dumps({"version": VERSION, "ok": False, "error": str(err)}))
         return 2
