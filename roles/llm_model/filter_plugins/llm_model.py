@@ -563,7 +563,8 @@ def llm_model_records(plans, served, fetched, fit_results=None, fit_tool="", mod
     with model_name, model_rank and instance; `models` one line per model."""
     fits = (fit_results or {}).get("results") or []
     records = []
-    several = len(served) > 1
+    # a model loaded on demand has a router to record, even alone
+    several = len(served) > 1 or any(m.get("load") == "on_demand" for m in served)
     for model in served:
         name = model["name"]
         mine = _of_model(plans, name)
