@@ -69,6 +69,10 @@ def config_key(record):
     # it the key is what it has always been, so earlier baselines still compare
     if record.get("spec_type") not in (None, "none"):
         key["spec_type"] = record["spec_type"]
+    # a model loaded on demand is measured through its router (each streamed token one more
+    # hop, no llama-bench): another configuration than the same plan served alone
+    if record.get("load") == "on_demand":
+        key["load"] = "on_demand"
     return key
 
 

@@ -49,6 +49,21 @@ def test_a_changed_instance_as_fast_as_the_baseline_passes():
     assert "GPU 0 (build b2): at least 0.90 of the fleet's baseline" in verdict["message"]
 
 
+def test_a_model_loaded_on_demand_is_its_own_configuration():
+    """Served through its router (one more hop per streamed token, no llama-bench), a
+    model loaded on demand is not judged against the same plan served alone: it
+    starts its own baseline, and later changes are judged against that one."""
+    lazy = record(single=276, slots=276, prompt=None, load="on_demand", llama_bench={"skipped": "on demand"})
+    first = sg.judge(lazy, [baseline(single=382, slots=382, prompt=9584)])
+    assert first["verdict"] == "no_baseline" and first["config"]["load"] == "on_demand"
+    assert "load" not in sg.config_key(record(load="resident"))
+    again = sg.judge(dict(lazy, single_stream_tps=270), [baseline(single=382, slots=382, prompt=9584),
+                                                         dict(baseline(single=276, slots=276, prompt=0),
+                                                              config=first["config"])])
+    assert again["verdict"] == "pass" and [c["figure"] for c in again["checks"]] == ["single_stream_tps",
+                                                                                    "all_slots_decode_tps"]
+
+
 def test_a_slower_build_is_refused_naming_the_figure_and_the_ratio():
     verdict = sg.judge(record(single=60, slots=880, prompt=1950), [baseline()], build="slow")
     assert verdict["verdict"] == "refuse"

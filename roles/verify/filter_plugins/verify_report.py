@@ -274,6 +274,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "cache_type_v": instance.get("cache_type_v"),
         # speculative decoding the instance served with (none, ngram-mod)
         "spec_type": instance.get("spec_type") or plan.get("spec_type") or "none",
+        # resident, or on_demand: served by its card's router (module_utils/speed_gate.py keys on it)
+        "load": instance.get("load") or "resident",
         # the draft model it served with (draft-simple): a verdict is that draft's only
         "draft_model": (plan.get("draft") or {}).get("path") if plan.get("spec_type") == "draft-simple" else None,
         "n_predict": lt.get("n_predict"),
