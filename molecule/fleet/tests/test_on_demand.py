@@ -13,8 +13,8 @@ import pytest
 
 from hostprobe import node, only_in_scenario, stage_fact
 from test_frontend import CHAT, front, tokens_predicted
-from test_llama_server import ONE_GPU, cmdline, flag, main_pid
-from test_models import _entry, deploy
+from test_llama_server import ONE_GPU, cmdline, flag
+from test_models import _entry, deploy, main_pid
 
 pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
 
