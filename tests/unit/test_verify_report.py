@@ -182,6 +182,30 @@ def test_two_models_on_one_card_are_measured_process_by_process():
     assert "PID 999" in gone["instances"][0]["vram"]["note"]
 
 
+def test_a_model_loaded_on_demand_is_measured_by_its_child_as_read_after_its_load_test():
+    """A model loaded on demand runs in its router's child: its memory is that process's, even
+    alone on the card (no resident model), and read right after its own load test, since a
+    later model's load past --models-max stops the child before the host's last NVML read."""
+    lazy = dict(INSTANCE, instance="0-small", model_name="small", model_rank=1, port=8180,
+                unit="llama-server@0-router.service", load="on_demand", router="0-router")
+    plan = dict(PLAN, instance="0-small", model_name="small", load="on_demand",
+                memory=dict(PLAN["memory"], predicted_process_bytes=4 * GIB))
+    # at the host's last read, another child (PID 303) replaced it
+    later = dict(GPU, health={"processes_read": True, "processes": [
+        {"pid": 303, "name": "llama-server", "used_bytes": 9 * GIB}]})
+    read_then = [{"pid": 202, "name": "llama-server", "used_bytes": int(4.04 * GIB)}]
+    test = {"rc": 0, "stdout": json.dumps(synthetic_loadtest()), "pid": "202", "processes": read_then}
+    vram = vr.verify_host_record("gpu01", [lazy], [plan], [later], [test], [None], CUDA_BUILD,
+                                 0.25)["instances"][0]["vram"]
+    assert vram["scope"] == "process" and vram["pid"] == "202"
+    assert vram["measured_used_bytes"] == int(4.04 * GIB) and vram["predicted_used_bytes"] == 4 * GIB
+    assert vram["measured_over_predicted"] == round(4.04 / 4, 4)
+    # without the read after its load test, the card's last read does not hold it: no ratio, and why
+    vram = vr.verify_host_record("gpu01", [lazy], [plan], [later], [dict(test, processes=None)], [None], CUDA_BUILD,
+                                 0.25)["instances"][0]["vram"]
+    assert vram["measured_over_predicted"] is None and "PID 202" in vram["note"]
+
+
 def test_below_the_fraction_is_flagged_not_an_error():
     rec = record(synthetic_loadtest(single=20.0), min_fraction=0.5)
     inst = rec["instances"][0]

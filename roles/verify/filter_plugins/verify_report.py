@@ -131,11 +131,13 @@ def _split_vram(memory, gpus, gpu_backend):
     return measured, cards
 
 
-def _process_vram(gpu, pid):
-    """The card's compute process of this PID ({pid, name, used_bytes}), or None."""
+def _process_vram(gpu, pid, processes=None):
+    """The card's compute process of this PID ({pid, name, used_bytes}), or None.
+    processes: the card's processes read right after the load test, where given (a model
+    loaded on demand: a later model's load may have stopped its child since)."""
     if not pid:
         return None
-    for proc in ((gpu or {}).get("health") or {}).get("processes") or []:
+    for proc in (processes if processes is not None else ((gpu or {}).get("health") or {}).get("processes")) or []:
         if str(proc.get("pid")) == str(pid):
             return proc
     return None
@@ -227,12 +229,14 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         predicted = memory["total_bytes"] - (memory.get("headroom_bytes") or 0)
     used = gpu.get("memory_used_bytes")
     per_gpu, process = None, None
+    process_scope = bool(memory.get("other_models_bytes")) or instance.get("load") == "on_demand"
     if memory.get("per_gpu"):
         used, per_gpu = _split_vram(memory, gpus or [gpu], gpu_backend)
-    elif memory.get("other_models_bytes"):
-        # other models' instances share the card: this process's own memory (NVML, by the
-        # PID that served the load test) against what the plan gave the process alone
-        process = _process_vram(gpu, (loadtest or {}).get("pid"))
+    elif process_scope:
+        # other models' instances share the card, or the model runs in its router's child:
+        # this process's own memory (NVML, by the PID that served the load test) against
+        # what the plan gave the process alone
+        process = _process_vram(gpu, (loadtest or {}).get("pid"), (loadtest or {}).get("processes"))
         used, predicted = (process or {}).get("used_bytes"), memory.get("predicted_process_bytes")
     vram = {
         "measured_used_bytes": used,
@@ -250,7 +254,7 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         # difference (weights, KV and compute buffers match llama-fit-params to the MiB);
         # the calibration keeps it and the next plan budgets it (plan_speed.measured_overhead)
         vram["cuda_overhead_bytes"] = int(memory["overhead_cuda_bytes"]) + int(used) - int(predicted)
-    if memory.get("other_models_bytes"):
+    if process_scope:
         vram["scope"] = "process"
         vram["pid"] = (loadtest or {}).get("pid")
         if process is None and gpu_backend:
