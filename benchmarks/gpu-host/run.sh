@@ -39,6 +39,10 @@
 # MODELS=1: two models on the card (issue 35, llm_model_models): the 32B-shaped one ("chat",
 # POLICY) and a small one ("small": the same shape with SMALL_LAYERS=6 layers, 8k context, one
 # slot); both rendered ExecStarts are started, and verify measures both, each process's memory.
+# ONDEMAND=1 (with MODELS=1): "small" is loaded on demand (load: on_demand): the check run renders
+# its card's router (llama-server@0-router, the drop-in and the models' preset, written where the
+# router reads it), the router is started beside "chat", and verify loads "small" through it and
+# reads the child's own memory by its PID (router-models.json, router-children.txt).
 # MODEL=<file.gguf> (with <file.gguf>.sha256 beside it): a real model staged there instead of the
 # random-weight one, catalogued as QUANT (default Q4_K) and named MODEL_NAME (llm_model_name).
 # SPEC=1 (one model): speculative decoding measured (issue 35). Give POLICY with
@@ -207,6 +211,7 @@ llm_model_models:
   - name: small
     catalogue: [{quant: Q4_K, path: $SMALL, sha256: $(cat "$SMALL.sha256"), size_bytes: $(stat -c %s "$SMALL")}]
     policy: {target_ctx: 8192, target_parallel: 1}
+    load: $([ -n "${ONDEMAND:-}" ] && echo on_demand || echo resident)
 YML
 fi
 stamp "model stage (real)"
@@ -231,6 +236,17 @@ PY
 }
 start_scripts "$OUT/units.json"
 cat "$WORK"/start*.sh | tee "$OUT/exec-start.sh"
+# A card's router (ONDEMAND=1): the models' preset its --models-preset names, as the stage writes it
+python3 - "$OUT/units.json" <<'PY'
+import json, os, sys
+for key, unit in sorted(json.load(open(sys.argv[1])).items()):
+    if unit.get("preset_text") is not None:
+        path = unit["argv"][unit["argv"].index("--models-preset") + 1]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(unit["preset_text"] + "\n")
+        print("llama-server@%s: its preset %s\n%s" % (key, path, unit["preset_text"]))
+PY
 unit_port() { python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[sys.argv[2]]["argv"]; print(a[a.index("--port")+1])' "${2:-$OUT/units.json}" "$1"; }
 port=$(unit_port 0)
 health() { python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode())' "http://127.0.0.1:$1/health" 2>/dev/null; }
@@ -285,7 +301,9 @@ import hashlib, json, sys
 units, plans = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["plans"]
 instances = []
 for p in plans:
-    key = str(p.get("instance", p["gpu_index"]))
+    # a model loaded on demand is reached through its card's router (llama-server@<gpu>-router)
+    lazy = p.get("load") == "on_demand"
+    key = "%d-router" % p["gpu_index"] if lazy else str(p.get("instance", p["gpu_index"]))
     argv = units[key]["argv"]
     # what the llama_server stage's fact records (a hash of what the instance serves): the
     # speed gate accepts a changed fingerprint's measurement and records it as a baseline
@@ -297,6 +315,8 @@ for p in plans:
                       "ctx_size": p["ctx_size"], "parallel": p["parallel"], "cache_type_k": p["cache_type_k"],
                       "cache_type_v": p["cache_type_v"], "model_path": p["model_path"],
                       "spec_type": p.get("spec_type") or "none", "fingerprint": fingerprint})
+    if lazy:
+        instances[-1].update(instance=str(p["instance"]), load="on_demand", router=key)
 print(json.dumps({
     "verify_instances": instances,
     "verify_server_environment": units["0"]["environment"],
@@ -310,6 +330,14 @@ stamp "verify stage (real, against the running server)"
 playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify.log" 2>&1; echo "verify rc=$?" | tee -a "$OUT/rc.txt"
 grep -A3 'Print the instance' "$OUT/stage-verify.log" | head -8; grep -A8 'Say what the calibration gained' "$OUT/stage-verify.log" | head -12
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/nvidia-smi-compute-apps-after.csv" 2>&1
+if [ -n "${ONDEMAND:-}" ]; then
+  # the router's view after verify loaded its model: its models and the child's command line
+  rport=$(unit_port 0-router)
+  python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$rport/models" > "$OUT/router-models.json" 2>&1
+  pgrep -a -P "$(cat "$GPUHOST_PIDS/llama-server@0-router.service.pid")" > "$OUT/router-children.txt" 2>&1
+  cat "$OUT/router-children.txt" "$OUT/nvidia-smi-compute-apps-after.csv"
+fi
 
 # --- AFFINITY=1: what keeping a conversation on its instance buys (issue 32) -----------
 # A second instance of the same rendered ExecStart on the next port, on the same card,

@@ -59,11 +59,14 @@ def units(text):
     template = next((c for (_, src), c in files.items() if src.startswith("llama-server@.service")), "")
     out = {}
     for (task, src), content in sorted(files.items()):
-        # "GPU 0", or "GPU 0 (small)" for a model after the first (llama-server@0-small)
+        # "GPU 0", or "GPU 0 (small)" for a model after the first (llama-server@0-small); a
+        # card's router for its models loaded on demand (router.conf): llama-server@0-router
         match = re.search(r"GPU (\d+)(?: \(([^)]+)\))?$", task)
-        if not src.startswith("plan.conf") or not match:
+        if not src.startswith(("plan.conf", "router.conf")) or not match:
             continue
         key = match.group(1) if not match.group(2) else "%s-%s" % (match.group(1), match.group(2))
+        if src.startswith("router.conf"):
+            key = "%s-router" % match.group(1)
         path = "/etc/systemd/system/llama-server@%s.service.d/plan.conf" % key
         exec_start = [v for v in service_lines(content, "ExecStart") if v]
         env = {}
@@ -74,6 +77,9 @@ def units(text):
         out[key] = {"dropin": path, "exec_start": exec_start[-1] if exec_start else None,
                                "argv": systemd_words(exec_start[-1]) if exec_start else [],
                                "environment": env, "dropin_text": content}
+        if src.startswith("router.conf"):
+            # the models' preset it reads (--models-preset), written by the stage's copy task
+            out[key]["preset_text"] = next((c for (_, name), c in files.items() if name == key + ".ini"), None)
     return out
 
 

@@ -84,7 +84,8 @@ def harness_group_vars():
         return yaml.safe_load(handle)
 
 
-def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None, tags=None, groups=None):
+def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, skip_tags=None, tags=None, groups=None,
+                 diff=False):
     """Run one of the project's playbooks against simulated hosts (put in
     gpu_servers, and in the other groups of `groups`: {group: [host]}) the way an
     operator would, with an inventory written here. Returns the CompletedProcess;
@@ -106,6 +107,8 @@ def run_playbook(playbook, hosts, extra_vars=None, check=False, tmp_path=None, s
         argv += ["-e", json.dumps(extra_vars)]
     if check:
         argv.append("--check")
+    if diff:
+        argv.append("--diff")
     if skip_tags:
         argv += ["--skip-tags", ",".join(skip_tags)]
     if tags:

@@ -8,10 +8,11 @@ llama-server@0-second. The front sends a request naming the second to the router
 starts a child for it; verify measures it through the router, by the child's PID. Then
 the one-model inventory again: the router, its preset and its backend are gone."""
 import os
+import sys
 
 import pytest
 
-from hostprobe import node, only_in_scenario, stage_fact
+from hostprobe import node, only_in_scenario, run_playbook, stage_fact
 from test_frontend import CHAT, front, tokens_predicted
 from test_llama_server import ONE_GPU, cmdline, flag
 from test_models import _entry, deploy, main_pid
@@ -20,6 +21,8 @@ pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
 
 ROUTER_DROPIN = "/etc/systemd/system/llama-server@0-router.service.d"
 PRESET = "/etc/llm-fleet/llama-server/0-router.ini"
+GPU_HOST = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                        "benchmarks", "gpu-host")
 
 ON_DEMAND = {
     "llm_model_catalogue": [],
@@ -45,6 +48,25 @@ def children(host, router_pid):
 def test_a_model_loaded_on_demand_is_served_by_its_card_s_router(tmp_path):
     host = node(ONE_GPU)
     try:
+        # First as the GPU machine's harness runs it (benchmarks/gpu-host/run.sh, no systemd there):
+        # the model stage, then llama_server --check --diff, whose diff unit_from_diff.py reads
+        # into the router's command line and the preset it starts from. Check mode writes nothing.
+        for step in ("plan", "check"):
+            (tmp_path / step).mkdir()
+        plan = run_playbook("playbooks/model.yml", [ONE_GPU], tmp_path=tmp_path / "plan", extra_vars=ON_DEMAND)
+        assert plan.returncode == 0, plan.stdout[-3000:]
+        check = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path / "check",
+                             extra_vars=ON_DEMAND, check=True, diff=True)
+        assert check.returncode == 0, check.stdout[-3000:]
+        sys.path.insert(0, GPU_HOST)
+        import unit_from_diff
+        rendered = unit_from_diff.units(check.stdout)["0-router"]
+        assert flag(rendered["argv"], "--models-preset") == PRESET and flag(rendered["argv"], "--models-max") == "1"
+        assert "[second]" in rendered["preset_text"] and "tiny-second-f32.gguf" in rendered["preset_text"]
+        planned = dict((p["model_name"], p) for p in stage_fact(host, "model")["plans"])
+        assert rendered["environment"]["CUDA_VISIBLE_DEVICES"] == planned["second"]["gpu_uuid"]
+        assert not host.file(PRESET).exists and not host.file(ROUTER_DROPIN).exists
+
         deploy(tmp_path / "on-demand", ON_DEMAND)
 
         model = stage_fact(host, "model")
@@ -90,6 +112,12 @@ def test_a_model_loaded_on_demand_is_served_by_its_card_s_router(tmp_path):
         assert tokens_predicted(host, 8080) == before[0] and tokens_predicted(host, child_port) > before[1]
         status, answer = front(host, "/v1/chat/completions", CHAT)
         assert status == 200 and tokens_predicted(host, 8080) > before[0]
+        # a GET that names it only in the header: the front adds ?model= the router reads
+        # (without it the router answers for itself, "role": "router")
+        status, answer = front(host, "/props", headers={"X-LLM-Model": "second"})
+        assert status == 200 and answer.get("model_alias") == "second" and "role" not in answer, answer
+        status, answer = front(host, "/props?autoload=false", headers={"X-LLM-Model": "second"})
+        assert status == 200 and answer.get("model_alias") == "second", answer
         frontend = stage_fact(host, "frontend")
         assert frontend["server_backends"] == {"gpu0": "llama_server", "gpu0-second": "llama_server_second"}
         # Prometheus does not scrape a model loaded on demand (a scrape naming it would load it)
