@@ -122,6 +122,20 @@ def test_a_model_loaded_on_demand_is_served_by_its_card_s_router(tmp_path):
         assert frontend["server_backends"] == {"gpu0": "llama_server", "gpu0-second": "llama_server_second"}
         # Prometheus does not scrape a model loaded on demand (a scrape naming it would load it)
         assert all(t["labels"]["__metrics_path__"] != "/metrics/gpu0-second" for t in frontend["prometheus_targets"])
+
+        # a preset the router refuses (an option llama-server does not know): the router fails its
+        # gate, goes back to the drop-in and preset that last worked, and serves the model again
+        (tmp_path / "bad").mkdir()
+        bad = run_playbook("playbooks/llama_server.yml", [ONE_GPU], tmp_path=tmp_path / "bad", extra_vars=dict(
+            ON_DEMAND, llama_server_router_preset_text="[second]\nno-such-option = 1"))
+        assert bad.returncode != 0
+        said = " ".join(bad.stdout.split())
+        assert "rolled back to the drop-in and preset that last worked" in said, bad.stdout[-3000:]
+        assert "no-such-option" not in host.file(PRESET).content_string
+        assert "tiny-second-f32.gguf" in host.file(PRESET).content_string
+        assert host.service("llama-server@0-router").is_running
+        status, answer = front(host, "/v1/chat/completions", dict(CHAT, model="second"))
+        assert status == 200, answer
     finally:
         deploy(tmp_path / "one")
     assert not host.service("llama-server@0-router").is_running
