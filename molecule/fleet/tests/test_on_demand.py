@@ -8,6 +8,7 @@ llama-server@0-second. The front sends a request naming the second to the router
 starts a child for it; verify measures it through the router, by the child's PID. Then
 the one-model inventory again: the router, its preset and its backend are gone."""
 import os
+import re
 import sys
 
 import pytest
@@ -131,6 +132,8 @@ def test_a_model_loaded_on_demand_is_served_by_its_card_s_router(tmp_path):
         assert bad.returncode != 0
         said = " ".join(bad.stdout.split())
         assert "rolled back to the drop-in and preset that last worked" in said, bad.stdout[-3000:]
+        # the router exits on the option, and its gate says so at once instead of waiting out /health
+        assert re.search(r"llama-server@0-router\.service exited with status [1-9]", said), bad.stdout[-3000:]
         assert "no-such-option" not in host.file(PRESET).content_string
         assert "tiny-second-f32.gguf" in host.file(PRESET).content_string
         assert host.service("llama-server@0-router").is_running
