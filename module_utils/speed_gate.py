@@ -173,7 +173,10 @@ def merge_baselines(existing, host, verdicts, measured_at=None):
     older entries for the same card and configuration."""
     fresh = []
     for v in accepted(verdicts):
-        figures = dict((k, round(x, 2)) for k, x in (v.get("figures") or {}).items() if x is not None)
+        # tok/s to 2 decimals; seconds (a first token of 0.024 s) to 4, or 2 would make it 0.02
+        # and speculation's first-token ratio against it 20% off
+        figures = dict((k, round(x, 4 if k.endswith("_s") else 2)) for k, x in (v.get("figures") or {}).items()
+                       if x is not None)
         if not figures:
             continue
         fresh.append({"host": host, "gpu_uuid": v.get("gpu_uuid"), "config": v.get("config"), "figures": figures,

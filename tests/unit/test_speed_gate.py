@@ -125,6 +125,13 @@ def test_an_accepted_measurement_replaces_that_cards_entry():
     assert len(merged) == 1 and merged[0]["figures"]["single_stream_tps"] == 610
 
 
+def test_a_first_token_of_milliseconds_keeps_its_digits_in_the_baseline():
+    """Seen on an H200: 0.024 s stored as 0.02 made a trial's 0.04 s read as x2.00, not x1.67."""
+    passed = sg.judge(record(single=610, ttft_at_slots_s=0.0244), [baseline()])
+    figures = sg.merge_baselines([], "gpu01", [passed], "t")[0]["figures"]
+    assert figures["ttft_at_slots_s"] == 0.0244 and figures["single_stream_tps"] == 610
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "fast", None, float("nan")])
 def test_a_bad_min_ratio_is_named(bad):
     with pytest.raises(ValueError, match="min_ratio is"):
