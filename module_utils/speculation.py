@@ -56,6 +56,17 @@ def check_min_gain(value):
     return gain
 
 
+def _prompt(config):
+    """The load-test prompt a measurement used ('default': the load test's own)."""
+    return (config or {}).get("prompt_id") or "default"
+
+
+def _newer_baseline(calibration, plan, than):
+    """A baseline without speculation of the plan's configuration measured after `than`."""
+    return any(isinstance(b, dict) and spec_type(b.get("config")) == "none" and _same(b.get("config"), plan)
+               and str(b.get("measured_at") or "") > str(than or "") for b in calibration.get("baselines") or [])
+
+
 def _file_name(path):
     return str(path).rstrip("/").rsplit("/", 1)[-1] if path else None
 
@@ -81,6 +92,15 @@ def plan_speculation(plan, wanted, calibration=None, draft=None):
                 and v.get("spec_type") == wanted and _same(v.get("config"), plan) and _file_name(v.get("draft")) == drafted]
     if verdicts:
         latest = max(verdicts, key=lambda v: str(v.get("measured_at") or ""))
+        if latest.get("verdict") == "unmeasured":
+            # verify had no baseline measured with its prompt (verify_loadtest_prompt changed): off
+            # until it measures one, then a trial against it
+            if _newer_baseline(calibration, plan, latest.get("measured_at")):
+                return wanted, "%s on, a trial: verify measured this configuration without it with its load-test " \
+                    "prompt, and compares the two now." % label
+            return "none", "%s off for now: verify's load-test prompt has no measurement without it on %s (%s); " \
+                "this run's verify measures one, and the next plan tries it again." % (
+                    label, latest.get("host"), latest.get("message"))
         if latest.get("verdict") == "pays":
             return wanted, "%s on: verify measured it pays on %s (%s)." % (label, latest.get("host"),
                                                                            latest.get("message"))
@@ -101,7 +121,8 @@ def plan_baseline(record, baselines, names=("single_stream_tps", "all_slots_deco
     baseline was measured with the same request length, so a trial the planner started
     always gets a verdict."""
     same = [b.get("figures") or {} for b in baselines or [] if isinstance(b, dict)
-            and spec_type(b.get("config")) == "none" and _same(b.get("config"), record)]
+            and spec_type(b.get("config")) == "none" and _same(b.get("config"), record)
+            and _prompt(b.get("config")) == _prompt(record)]
     out = {}
     for name in names:
         values = sorted(float(f[name]) for f in same if isinstance(f.get(name), (int, float)) and f[name] > 0)
@@ -135,7 +156,8 @@ def speculation_verdict(record, baseline, min_gain=DEFAULT_MIN_GAIN, label="GPU 
         out.update(verdict="no_gain", message="%s: the measurement with %s failed" % (label, kind))
         return out
     if not baseline or not baseline.get("single_stream_tps"):
-        out.update(verdict="unmeasured", message="%s: no baseline without %s to compare with" % (label, kind))
+        out.update(verdict="unmeasured", message="%s: no baseline without %s measured with this load-test prompt "
+                   "to compare with; the next plan serves without it to measure one" % (label, kind))
         return out
     single = _ratio(figures["single_stream_tps"], baseline.get("single_stream_tps"))
     slots = _ratio(figures["all_slots_decode_tps"], baseline.get("all_slots_decode_tps"))
@@ -157,7 +179,7 @@ def merge_verdicts(existing, host, verdicts, measured_at=None):
     """The calibration file's `speculation` list with this host's verdicts (pays or
     no_gain) replacing its older ones for the same card, configuration and type."""
     fresh = [dict(v, host=host, measured_at=measured_at) for v in verdicts or []
-             if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain")]
+             if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain", "unmeasured")]
     same = lambda a, b: (a.get("host"), a.get("gpu_uuid"), a.get("spec_type"), a.get("draft"),  # noqa: E731
                          _plan_config(a.get("config"))) == (
         b.get("host"), b.get("gpu_uuid"), b.get("spec_type"), b.get("draft"), _plan_config(b.get("config")))

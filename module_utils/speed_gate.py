@@ -69,6 +69,10 @@ def config_key(record):
     # it the key is what it has always been, so earlier baselines still compare
     if record.get("spec_type") not in (None, "none"):
         key["spec_type"] = record["spec_type"]
+    # a prompt of the operator's own (verify_loadtest_prompt) is another measurement than the
+    # load test's own; the default keeps the key what it has always been
+    if record.get("prompt_id") not in (None, "default"):
+        key["prompt_id"] = record["prompt_id"]
     # a model loaded on demand is measured through its router (each streamed token one more
     # hop, no llama-bench): another configuration than the same plan served alone
     if record.get("load") == "on_demand":

@@ -258,6 +258,13 @@ def test_cli_against_a_real_server(served):
     assert report["levels"][0]["concurrency"] == 2
     assert set(report["levels"][0]["streams"][0]) == {"ok", "tokens", "ttft_s", "decode_tps", "error"}
     assert "warmup" not in report
+    assert report["prompt_id"] == "default"
+
+
+def test_the_report_names_its_prompt():
+    """The speed gate compares only measurements of the same prompt (module_utils/speed_gate.py)."""
+    assert lt.prompt_id(lt.DEFAULT_PROMPT) == "default"
+    assert lt.prompt_id("Rewrite this function.") == "dcd3a2187800"  # sha256's first 12 hex digits
 
 
 def test_api_key(llama_bin_dir, tiny_model, tmp_path):

@@ -141,3 +141,42 @@ def test_a_draft_verdict_names_its_draft_and_merges_per_draft():
     assert sp.plan_speculation(PLAN, "draft-simple", {"speculation": merged}, draft("/x/draft-a.gguf"))[0] == "none"
     assert sp.plan_speculation(PLAN, "draft-simple", {"speculation": merged}, draft("/m/draft-b.gguf"))[0] == \
         "draft-simple"
+
+
+def test_a_new_load_test_prompt_is_measured_without_it_before_a_trial_is_judged():
+    """verify_loadtest_prompt changed (on an H200, ngram-mod was x0.93 on free text and x2.49 on
+    a prompt its answer copies): a trial is never judged against another prompt's baseline.
+    The cycle through verify's filter, the file and the planner: 'unmeasured' recorded, off,
+    the baseline with the new prompt measured, a trial, a verdict."""
+    own = "abc123def456"  # the prompt's id, as the load test reports it
+    old_file = {"version": 1, "records": [], "baselines": [plain_baseline()]}  # the default prompt's
+    # 1. the planner tries it (it matches baselines of any prompt); verify has none with this prompt
+    assert sp.plan_speculation(PLAN, "ngram-mod", old_file)[0] == "ngram-mod"
+    spec = dict(record(single=900.0), spec_type="ngram-mod", ttft_at_slots_s=0.41, prompt_id=own)
+    gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, old_file)
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "unmeasured" and "measured with this load-test prompt" in verdict["message"]
+    assert verdict["config"]["prompt_id"] == own
+    content = calibration.llm_fleet_baselines_merge(old_file, [{"host": "gpu01", "gate": gate}], "2026-12-07T01:00:00Z")
+    # 2. the next plan serves without it, so verify measures the baseline with the new prompt
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
+    assert kind == "none" and "load-test prompt has no measurement without it" in why
+    plain = dict(record(single=600.0), ttft_at_slots_s=0.4, prompt_id=own)
+    gate = gate_filters.verify_speed_gate(host_record(plain), SERVED, {}, content)
+    assert gate["verdicts"][0]["verdict"] == "no_baseline" and gate["verdicts"][0]["config"]["prompt_id"] == own
+    content = calibration.llm_fleet_baselines_merge(content, [{"host": "gpu01", "gate": gate}], "2026-12-07T02:00:00Z")
+    # 3. a trial against it, and a verdict the next plan follows
+    assert sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "ngram-mod"
+    gate = gate_filters.verify_speed_gate(host_record(spec), SERVED, {}, content)
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "pays" and verdict["baseline"]["single_stream_tps"] == 600
+    content = calibration.llm_fleet_baselines_merge(content, [{"host": "gpu01", "gate": gate}], "2026-12-07T03:00:00Z")
+    assert [v["verdict"] for v in content["speculation"]] == ["pays"]
+    assert sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "ngram-mod"
+
+
+def test_the_speed_gate_compares_only_measurements_of_the_same_prompt():
+    assert "prompt_id" not in sg.config_key(dict(record(), prompt_id="default"))
+    assert sg.config_key(dict(record(), prompt_id="abc123def456"))["prompt_id"] == "abc123def456"
+    verdict = sg.judge(dict(record(single=100.0), prompt_id="abc123def456"), [baseline()])
+    assert verdict["verdict"] == "no_baseline"

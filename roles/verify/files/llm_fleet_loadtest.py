@@ -28,6 +28,7 @@ by roles/verify) and is imported by benchmarks/bench_configs.py.
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import hashlib
 import json
 import socket
 import sys
@@ -380,6 +381,13 @@ def first_token(client, prompt, tokens, n_ctx):
     return out
 
 
+def prompt_id(prompt):
+    """'default' for the script's own prompt, else the first 12 hex digits of its sha256."""
+    if prompt == DEFAULT_PROMPT:
+        return "default"
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:12]
+
+
 def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=None, timeout=120.0,
         budget_s=600.0, max_streams=MAX_STREAMS, max_requests=MAX_REQUESTS, health_timeout=60.0, warmup=True,
         first_token_tokens=0, model=None):
@@ -416,6 +424,9 @@ def run(url, streams="1,4,slots", n_predict=128, prompt=DEFAULT_PROMPT, api_key=
         "build_info": props.get("build_info"),
         "n_predict": n_predict,
         "prompt_chars": len(prompt),
+        # which prompt measured: speeds (and speculation's gain above all) differ by prompt, so
+        # the speed gate compares only measurements of the same one (module_utils/speed_gate.py)
+        "prompt_id": prompt_id(prompt),
         "levels": [],
         "skipped": skipped,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

@@ -283,6 +283,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         # the draft model it served with (draft-simple): a verdict is that draft's only
         "draft_model": (plan.get("draft") or {}).get("path") if plan.get("spec_type") == "draft-simple" else None,
         "n_predict": lt.get("n_predict"),
+        # the load test's prompt ('default', or its sha256's first 12 hex digits)
+        "prompt_id": lt.get("prompt_id"),
         "single_stream_tps": _num(single, 2),
         "ttft_s": _num(one.get("ttft_s_mean"), 3),
         "aggregate_4_tps": _num(four.get("aggregate_tps"), 2),
