@@ -77,3 +77,37 @@ def test_speculation_is_tried_measured_and_turned_off_where_it_does_not_pay(tmp_
     assert "measured no gain on %s" % HOST in plan["reason"]
     assert "--spec-type" not in running_args(host)
     assert stage_fact(host, "verify")["speed_gate"]["speculation"] == []
+
+
+def test_a_new_load_test_prompt_is_measured_without_it_before_a_trial_is_judged(tmp_path):
+    """verify_loadtest_prompt set to a prompt of the operator's own: the trial finds no baseline
+    measured with it, so it is recorded 'unmeasured' (not judged against the default prompt's
+    figures); the next plan serves without it and verify records that prompt's baseline; the
+    plan after that is a trial judged against it."""
+    host = node(HOST)
+    forget_verdicts(HOST)
+    prompt = {"verify_loadtest_prompt": "Repeat this line exactly: the quick brown fox jumps over the lazy dog."}
+    deploy(tmp_path / "trial", ["model", "llama_server", "verify"], **prompt)
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "ngram-mod", plan["reason"]
+    verdict, = stage_fact(host, "verify")["speed_gate"]["speculation"]
+    assert verdict["verdict"] == "unmeasured" and len(verdict["config"]["prompt_id"]) == 12, verdict
+
+    deploy(tmp_path / "measure", ["model", "llama_server", "verify"], **prompt)
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "none" and "load-test prompt has no measurement without it" in plan["reason"]
+    assert "--spec-type" not in running_args(host)
+    with open(reports("decode-calibration.json")) as handle:
+        baselines = json.load(handle)["baselines"]
+    assert any(b["host"] == HOST and b["config"].get("prompt_id") == verdict["config"]["prompt_id"]
+               and "spec_type" not in b["config"] for b in baselines)
+
+    deploy(tmp_path / "again", ["model", "llama_server", "verify"], **prompt)
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "ngram-mod" and "compares the two now" in plan["reason"]
+    verdict, = stage_fact(host, "verify")["speed_gate"]["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["baseline"]["single_stream_tps"] > 0, verdict
+
+    # back to the default prompt, without speculation (its no_gain verdict), for the tests after
+    deploy(tmp_path / "back", ["model", "llama_server", "verify"], verify_speed_gate=False)
+    assert "--spec-type" not in running_args(host)
