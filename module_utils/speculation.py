@@ -11,6 +11,8 @@ configuration, kept in the fleet's calibration file beside the speed baselines:
 2. A baseline and no verdict: planned on, a trial; verify compares what the instance
    serves with the baseline and records the verdict (`speculation` in the file).
 3. A verdict: on where it paid, off where it did not, the plan saying which and why.
+   A verdict measured before verify's load-test prompt changed or llama.cpp was
+   upgraded is marked 'outdated' by verify, and the next plan tries it again.
 
 It pays when single-stream decode gains at least min_gain over the baseline and,
 with every planned slot busy, decode loses no more than min_gain and the first
@@ -67,6 +69,42 @@ def _newer_baseline(calibration, plan, than):
                and str(b.get("measured_at") or "") > str(than or "") for b in calibration.get("baselines") or [])
 
 
+def outdated_verdicts(instance, verdicts, host, build=None):
+    """The verdicts of this host's card and configuration that verify's measurement of
+    an instance served without speculation shows to be out of date, each turned into an
+    'outdated' entry the next plan tries again: measured with another load-test prompt
+    (verify_loadtest_prompt changed, either way) or another llama.cpp build (an upgrade).
+    Only verify knows both now; with no new verdict the card would serve without it for good."""
+    if spec_type(instance) != "none":
+        return []  # served with it: verify judges it anew this run
+    prompt = _prompt(instance)
+    latest = {}
+    for v in verdicts or []:
+        if isinstance(v, dict) and v.get("host") == host and v.get("gpu_uuid") == instance.get("gpu_uuid") \
+                and v.get("verdict") in ("pays", "no_gain") and _same(v.get("config"), instance):
+            key = (v.get("spec_type"), v.get("draft"))
+            if str(v.get("measured_at") or "") >= str((latest.get(key) or {}).get("measured_at") or ""):
+                latest[key] = v
+    out = []
+    for (kind, draft), v in sorted(latest.items(), key=lambda kv: str(kv[0])):
+        if _prompt(v.get("config")) != prompt:
+            why = "the load-test prompt changed (was %s, now %s)" % (_prompt(v.get("config")), prompt)
+        elif build and v.get("build") and v["build"] != build:
+            why = "llama.cpp was upgraded (build %s, now %s)" % (v["build"], build)
+        else:
+            continue
+        config = dict((k, x) for k, x in (v.get("config") or {}).items() if k != "prompt_id")
+        if prompt != "default":
+            config["prompt_id"] = prompt
+        entry = {"verdict": "outdated", "spec_type": kind, "gpu_uuid": v.get("gpu_uuid"), "build": build,
+                 "config": config, "message": "GPU %s: %s since its %s verdict (%s)" % (
+                     instance.get("gpu_index"), why, v.get("verdict"), v.get("message"))}
+        if draft:
+            entry["draft"] = draft
+        out.append(entry)
+    return out
+
+
 def _file_name(path):
     return str(path).rstrip("/").rsplit("/", 1)[-1] if path else None
 
@@ -101,6 +139,9 @@ def plan_speculation(plan, wanted, calibration=None, draft=None):
             return "none", "%s off for now: verify's load-test prompt has no measurement without it on %s (%s); " \
                 "this run's verify measures one, and the next plan tries it again." % (
                     label, latest.get("host"), latest.get("message"))
+        if latest.get("verdict") == "outdated":
+            return wanted, "%s on, a trial again (verify on %s: %s). The next plan keeps it only if it pays." % (
+                label, latest.get("host"), latest.get("message"))
         if latest.get("verdict") == "pays":
             return wanted, "%s on: verify measured it pays on %s (%s)." % (label, latest.get("host"),
                                                                            latest.get("message"))
@@ -176,10 +217,10 @@ def speculation_verdict(record, baseline, min_gain=DEFAULT_MIN_GAIN, label="GPU 
 
 
 def merge_verdicts(existing, host, verdicts, measured_at=None):
-    """The calibration file's `speculation` list with this host's verdicts (pays or
-    no_gain) replacing its older ones for the same card, configuration and type."""
+    """The calibration file's `speculation` list with this host's verdicts (pays, no_gain,
+    unmeasured, outdated) replacing its older ones for the same card, configuration and type."""
     fresh = [dict(v, host=host, measured_at=measured_at) for v in verdicts or []
-             if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain", "unmeasured")]
+             if isinstance(v, dict) and v.get("verdict") in ("pays", "no_gain", "unmeasured", "outdated")]
     same = lambda a, b: (a.get("host"), a.get("gpu_uuid"), a.get("spec_type"), a.get("draft"),  # noqa: E731
                          _plan_config(a.get("config"))) == (
         b.get("host"), b.get("gpu_uuid"), b.get("spec_type"), b.get("draft"), _plan_config(b.get("config")))

@@ -10,7 +10,9 @@ of the fleet's baseline for the same card and configuration (the median of what
 every card of that name last accepted, kept beside the decode calibration on the
 controller). Below it the host switches back to what it served before. An
 instance that did not change is measured and reported, never gated: noise on an
-unchanged service must not roll anything back.
+unchanged service must not roll anything back. Where the fleet has no figure of
+its configuration as verify measures now (a new load-test prompt, a lost file),
+that measurement becomes the baseline, so the next change is judged.
 
 Pure functions (no Ansible), imported by the verify stage's filters and the tests.
 """
@@ -120,8 +122,9 @@ def judge(record, baselines, min_ratio=DEFAULT_MIN_RATIO, gated=True, build=None
 
     Returns {gpu_index, gated, verdict, checks, message, config, figures}:
     verdict 'not_gated' (nothing changed), 'no_baseline' (a configuration the
-    fleet never measured: accepted, becomes the baseline), 'pass' or 'refuse'
-    (some figure below min_ratio of its baseline, or the measurement failed)."""
+    fleet never measured: accepted, becomes the baseline, gated or not), 'pass'
+    or 'refuse' (some figure below min_ratio of its baseline, or the measurement
+    failed)."""
     ratio_floor = check_min_ratio(min_ratio)
     figures = dict((name, _figure(record, name)) for name, _ in FIGURES)
     # kept with the baseline, not gated: what speculative decoding is judged against
@@ -129,14 +132,23 @@ def judge(record, baselines, min_ratio=DEFAULT_MIN_RATIO, gated=True, build=None
     out = {"gpu_index": record.get("gpu_index"), "gpu_uuid": record.get("gpu_uuid"), "gated": bool(gated),
            "config": config_key(record), "figures": figures, "build": build, "checks": []}
     label = "GPU %s" % record.get("gpu_index")
+    base = baseline_for(record, baselines)
     if not gated:
-        out.update(verdict="not_gated", message="%s: unchanged since its last accepted measurement, not gated" % label)
+        if base or record.get("errors") or not any(figures[name] for name, _ in FIGURES):
+            out.update(verdict="not_gated", message="%s: unchanged since its last accepted measurement, not gated"
+                       % label)
+            return out
+        # unchanged, but the fleet has no figure of its configuration (a new load-test prompt or
+        # request length, a lost calibration file): without one the next change would pass unjudged
+        out.update(verdict="no_baseline", message="%s: unchanged, not gated; the fleet had no measurement of %s %s "
+                   "with %s slot(s) x %s tokens as verify measures now: recorded as the baseline the next change is "
+                   "judged against" % (label, record.get("gpu_name"), record.get("quant"), record.get("parallel"),
+                                       record.get("ctx_size")))
         return out
     if record.get("errors"):
         out.update(verdict="refuse", message="%s: the measurement failed (%s), so the change is not accepted"
                    % (label, "; ".join(record["errors"])[:300]))
         return out
-    base = baseline_for(record, baselines)
     if not base:
         out.update(verdict="no_baseline", message="%s: no earlier measurement of %s %s with %s slot(s) x %s tokens: "
                    "accepted, and recorded as the baseline" % (label, record.get("gpu_name"), record.get("quant"),

@@ -180,3 +180,76 @@ def test_the_speed_gate_compares_only_measurements_of_the_same_prompt():
     assert sg.config_key(dict(record(), prompt_id="abc123def456"))["prompt_id"] == "abc123def456"
     verdict = sg.judge(dict(record(single=100.0), prompt_id="abc123def456"), [baseline()])
     assert verdict["verdict"] == "no_baseline"
+
+
+def verify_run(content, inst, accepted, at, build="b2"):
+    """One verify run of gpu01 through the stage's filter and the calibration merge."""
+    gate = gate_filters.verify_speed_gate({"host": "gpu01", "llama_cpp": {"build_key": build}, "instances": [inst]},
+                                          SERVED, accepted, content)
+    return gate, calibration.llm_fleet_baselines_merge(content, [{"host": "gpu01", "gate": gate}], at)
+
+
+def test_a_verdict_is_tried_again_when_verify_measures_with_another_prompt():
+    """A no_gain under the default prompt, then verify_loadtest_prompt set to the service's own
+    traffic (where ngram-mod can pay x2.49): the card serves without it, unchanged, so verify
+    records the new prompt's baseline and marks the verdict outdated; the next plan tries it
+    again against that baseline. Back to the default prompt, the same."""
+    own = "abc123def456"
+    lost = {"verdict": "no_gain", "spec_type": "ngram-mod", "config": sg.config_key(record()), "host": "gpu01",
+            "gpu_uuid": record()["gpu_uuid"], "build": "b2", "measured_at": "2026-12-07T01:00:00Z",
+            "message": "x0.93"}
+    content = {"version": 1, "records": [], "baselines": [plain_baseline()], "speculation": [lost]}
+    assert sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "none"
+    # a card of another host keeps its verdict: only verify on gpu01 knows gpu01's prompt
+    other = dict(lost, host="gpu02")
+    gate, _ = verify_run(dict(content, speculation=[other]), dict(record(), prompt_id=own), {"0": "new"}, "t")
+    assert gate["speculation"] == []
+    plain = dict(record(single=600.0), ttft_at_slots_s=0.4, prompt_id=own)
+    gate, content = verify_run(content, plain, {"0": "new"}, "2026-12-07T02:00:00Z")  # unchanged
+    assert gate["gated"] == [] and gate["verdicts"][0]["verdict"] == "no_baseline"
+    outdated, = gate["speculation"]
+    assert outdated["verdict"] == "outdated" and outdated["config"]["prompt_id"] == own
+    assert "the load-test prompt changed (was default, now %s) since its no_gain verdict (x0.93)" % own \
+        in outdated["message"]
+    assert [v["verdict"] for v in content["speculation"]] == ["outdated"]
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
+    assert kind == "ngram-mod" and "a trial again (verify on gpu01: GPU 0: the load-test prompt changed" in why
+    # the trial, judged against the new prompt's baseline
+    spec = dict(record(single=580.0), spec_type="ngram-mod", ttft_at_slots_s=0.4, prompt_id=own)
+    gate, content = verify_run(content, spec, {"0": "new"}, "2026-12-07T03:00:00Z")
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["baseline"]["single_stream_tps"] == 600
+    assert sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "none"
+    # served without it and measured with the same prompt again: nothing new
+    gate, content = verify_run(content, plain, {"0": "new"}, "2026-12-07T04:00:00Z")
+    assert gate["speculation"] == [] and sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "none"
+    # back to the default prompt, whose baseline the file has: outdated again, tried again
+    gate, content = verify_run(content, dict(plain, prompt_id="default"), {"0": "new"}, "2026-12-07T05:00:00Z")
+    assert gate["verdicts"][0]["verdict"] == "not_gated"
+    assert "(was %s, now default)" % own in gate["speculation"][0]["message"]
+    assert "prompt_id" not in gate["speculation"][0]["config"]
+    assert sp.plan_speculation(PLAN, "ngram-mod", content)[0] == "ngram-mod"
+
+
+def test_a_verdict_is_tried_again_after_llama_cpp_is_upgraded():
+    """The upgrade's measurement without speculation marks the verdict of the old build
+    outdated; the trial's verdict carries the new build, so the plan after it follows it."""
+    lost = {"verdict": "no_gain", "spec_type": "ngram-mod", "config": sg.config_key(record()), "host": "gpu01",
+            "gpu_uuid": record()["gpu_uuid"], "build": "b1", "measured_at": "2026-12-07T01:00:00Z",
+            "message": "x0.93"}
+    content = {"version": 1, "records": [], "baselines": [plain_baseline()], "speculation": [lost]}
+    gate, _ = verify_run(content, dict(record(), ttft_at_slots_s=0.4), {"0": "new"}, "t", build="b1")
+    assert gate["speculation"] == []  # the same build: the verdict stands
+    gate, content = verify_run(content, dict(record(), ttft_at_slots_s=0.4), {"0": "old"}, "2026-12-07T03:00:00Z")
+    assert gate["verdicts"][0]["verdict"] == "pass" and gate["build"] == "b2"
+    assert "llama.cpp was upgraded (build b1, now b2)" in gate["speculation"][0]["message"]
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
+    assert kind == "ngram-mod" and "llama.cpp was upgraded (build b1, now b2)" in why
+    spec = dict(record(single=580.0), spec_type="ngram-mod", ttft_at_slots_s=0.41)
+    gate, content = verify_run(content, spec, {"0": "old"}, "2026-12-07T04:00:00Z")
+    verdict, = gate["speculation"]
+    assert verdict["verdict"] == "no_gain" and verdict["build"] == "b2"
+    kind, why = sp.plan_speculation(PLAN, "ngram-mod", content)
+    assert kind == "none" and "measured no gain on gpu01" in why
+    gate, content = verify_run(content, dict(record(), ttft_at_slots_s=0.4), {"0": "new"}, "2026-12-07T05:00:00Z")
+    assert gate["speculation"] == []

@@ -41,6 +41,27 @@ def test_an_unchanged_instance_is_reported_not_gated():
     assert verdict["verdict"] == "not_gated" and verdict["checks"] == []
 
 
+def test_an_unchanged_instance_the_fleet_never_measured_so_becomes_the_baseline():
+    """A new load-test prompt or a lost calibration file: without this, the next change of an
+    unchanged instance would pass unjudged ('no_baseline'), an upgrade that could be slower."""
+    verdict = sg.judge(record(single=10), [baseline(quant="Q8_0")], gated=False)
+    assert verdict["verdict"] == "no_baseline" and not verdict["gated"] and verdict["checks"] == []
+    assert "unchanged, not gated" in verdict["message"] and sg.accepted([verdict]) == [verdict]
+    # a failed measurement, or one with no figure, is never a baseline
+    assert sg.judge(record(errors=["stream 1: timeout"]), [], gated=False)["verdict"] == "not_gated"
+    empty = record(single=None, prompt=None, levels=[])
+    assert sg.judge(empty, [], gated=False)["verdict"] == "not_gated"
+    gate = gate_filters.verify_speed_gate(host_record(record()), SERVED, {"0": "new"}, {})
+    assert gate["gated"] == [] and gate["refused"] == [] and gate["accepted"] == {"0": "new"}
+    assert any("recorded as the baseline the next change is judged against" in m for m in gate["messages"])
+    content = calibration.llm_fleet_baselines_merge({"version": 1, "records": []}, [{"host": "gpu01", "gate": gate}],
+                                                    "t")
+    assert [b["figures"]["single_stream_tps"] for b in content["baselines"]] == [600]
+    # the next run is judged against it and records nothing new
+    again = gate_filters.verify_speed_gate(host_record(record(single=10)), SERVED, {"0": "new"}, content)
+    assert again["verdicts"][0]["verdict"] == "not_gated" and again["messages"] == []
+
+
 def test_a_changed_instance_as_fast_as_the_baseline_passes():
     verdict = sg.judge(record(single=590, slots=880, prompt=1950), [baseline()], build="b2")
     assert verdict["verdict"] == "pass"

@@ -83,7 +83,8 @@ def test_a_new_load_test_prompt_is_measured_without_it_before_a_trial_is_judged(
     """verify_loadtest_prompt set to a prompt of the operator's own: the trial finds no baseline
     measured with it, so it is recorded 'unmeasured' (not judged against the default prompt's
     figures); the next plan serves without it and verify records that prompt's baseline; the
-    plan after that is a trial judged against it."""
+    plan after that is a trial judged against it. Then another prompt while it serves without
+    it: verify records its baseline and marks the verdict outdated, and it is tried again."""
     host = node(HOST)
     forget_verdicts(HOST)
     prompt = {"verify_loadtest_prompt": "Repeat this line exactly: the quick brown fox jumps over the lazy dog."}
@@ -107,6 +108,28 @@ def test_a_new_load_test_prompt_is_measured_without_it_before_a_trial_is_judged(
     assert plan["spec_type"] == "ngram-mod" and "compares the two now" in plan["reason"]
     verdict, = stage_fact(host, "verify")["speed_gate"]["speculation"]
     assert verdict["verdict"] == "no_gain" and verdict["baseline"]["single_stream_tps"] > 0, verdict
+
+    # the verdict followed: served without it, measured with the same prompt, nothing new
+    deploy(tmp_path / "off", ["model", "llama_server", "verify"], verify_speed_gate=False, **prompt)
+    assert "--spec-type" not in running_args(host)
+    assert stage_fact(host, "verify")["speed_gate"]["speculation"] == []
+
+    # another prompt while it serves without it: the instance is unchanged (not gated), yet
+    # the fleet has no figure with that prompt, so verify records it as the baseline, and marks
+    # the verdict of the old prompt outdated; the next plan tries it again against that baseline
+    other = {"verify_loadtest_prompt": "Copy this list: one, two, three, four, five, six, seven, eight."}
+    deploy(tmp_path / "other", ["model", "llama_server", "verify"], **other)
+    assert stage_fact(host, "model")["plans"][0]["spec_type"] == "none"
+    gate = stage_fact(host, "verify")["speed_gate"]
+    assert gate["gated"] == [] and gate["verdicts"][0]["verdict"] == "no_baseline", gate
+    outdated, = gate["speculation"]
+    assert outdated["verdict"] == "outdated" and "the load-test prompt changed (was %s, now %s)" % (
+        verdict["config"]["prompt_id"], outdated["config"]["prompt_id"]) in outdated["message"], outdated
+    deploy(tmp_path / "retry", ["model", "llama_server", "verify"], **other)
+    plan, = stage_fact(host, "model")["plans"]
+    assert plan["spec_type"] == "ngram-mod" and "a trial again" in plan["reason"], plan["reason"]
+    retried, = stage_fact(host, "verify")["speed_gate"]["speculation"]
+    assert retried["verdict"] == "no_gain" and retried["config"]["prompt_id"] == outdated["config"]["prompt_id"]
 
     # back to the default prompt, without speculation (its no_gain verdict), for the tests after
     deploy(tmp_path / "back", ["model", "llama_server", "verify"], verify_speed_gate=False)

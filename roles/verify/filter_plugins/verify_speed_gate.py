@@ -19,7 +19,8 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 
 from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
-from ansible.module_utils.speculation import check_min_gain, plan_baseline, speculation_verdict  # noqa: E402
+from ansible.module_utils.speculation import (  # noqa: E402
+    check_min_gain, outdated_verdicts, plan_baseline, speculation_verdict)
 from ansible.module_utils.speed_gate import baseline_for, check_min_ratio, config_key, judge  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
@@ -72,9 +73,13 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
                                    base, spec_min_gain, "GPU %s%s" % (inst.get("gpu_index"), " %s" % inst["model_name"]
                                                                      if inst.get("model_rank") else ""))
         if spec:
-            speculation.append(dict(spec, gpu_uuid=inst.get("gpu_uuid"), instance=instance_id(inst),
+            # the build: a verdict from before an upgrade is tried again (module_utils/speculation.py)
+            speculation.append(dict(spec, gpu_uuid=inst.get("gpu_uuid"), instance=instance_id(inst), build=build,
                                     config=config_key(plain), **({"draft": inst["draft_model"]}
                                                                  if inst.get("draft_model") else {})))
+        # served without it under another prompt or build than its verdict: the next plan tries again
+        speculation.extend(outdated_verdicts(inst, (calibration or {}).get("speculation"), (record or {}).get("host"),
+                                             build))
     return {
         "enabled": bool(enabled),
         "min_ratio": float(min_ratio),
@@ -83,7 +88,8 @@ def verify_speed_gate(record, served, accepted, calibration, min_ratio=0.9, enab
         "refused": [v["gpu_index"] for v in refused],
         "verdicts": verdicts,
         "accepted": now_accepted,
-        "messages": [v["message"] for v in verdicts if v["gated"]] + [v["message"] for v in speculation],
+        "messages": [v["message"] for v in verdicts if v["gated"] or v["verdict"] == "no_baseline"]
+        + [v["message"] for v in speculation],
         "speculation": speculation,
     }
 
