@@ -54,6 +54,10 @@
 # benchmarks/gpu-host/copy-prompt.txt is load-tested on both servers outside verify (a prompt
 # whose answer repeats its own text: where n-gram drafts should pay; COPY_N_PREDICT tokens);
 # spec_summary.py puts the two side by side (speculation-summary.txt / .json).
+# PROMPT_WALK=1 (with SPEC=1): then verify_loadtest_prompt set to that copy prompt (and
+# verify_speculation_min_gain WALK_MIN_GAIN, default 0.5): verify marks the trial's verdict outdated
+# and records the copy prompt's baseline (*-copy-off), the next plan is a trial again (*-copy-trial),
+# and the last model stage follows its verdict.
 # DRAFT=1 (with SPEC=1, one model): the same flow with POLICY's "speculative": "draft-simple" and a
 # draft model (llm_model_draft): make_random_gguf.py --draft writes a random-weight 0.5B-class model
 # of the 32B shape's vocabulary (24 layers, 1024 wide, Q4_K, ~0.41 GB) at DRAFT_MODEL, catalogued by
@@ -369,6 +373,7 @@ spec_state() {
     nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv; } > "$OUT/nvidia-smi-compute-apps-$1.csv" 2>&1
   metrics "$OUT/metrics-$1-after-verify.txt"
+  [ "${2:-}" = nocopy ] && return 0
   stamp "SPEC: copy prompt against the $1 server"
   timeout 200 python3 roles/verify/files/llm_fleet_loadtest.py --url "http://127.0.0.1:$port" --streams 1,slots \
     --n-predict "${COPY_N_PREDICT:-256}" --prompt "$(cat "$HERE/copy-prompt.txt")" --budget-s 180 \
@@ -376,36 +381,55 @@ spec_state() {
   echo "copy-prompt($1) rc=$?" | tee -a "$OUT/rc.txt"
   metrics "$OUT/metrics-$1-after-copy.txt"
 }
-if [ -n "${SPEC:-}" ]; then
-  spec_state baseline
-  stamp "SPEC: model stage again (the baseline is recorded: a trial)"
-  playbook playbooks/model.yml > "$OUT/stage-model-trial.log" 2>&1; echo "model(trial) rc=$?" | tee -a "$OUT/rc.txt"
+# spec_cycle <name> [playbook args]: the model stage, llama_server --check --diff, llama-server@0
+# restarted with the ExecStart it rendered, then verify against it (files *-<name>).
+spec_cycle() {
+  local name=$1; shift
+  stamp "SPEC: model stage ($name)"
+  playbook playbooks/model.yml "$@" > "$OUT/stage-model-$name.log" 2>&1; echo "model($name) rc=$?" | tee -a "$OUT/rc.txt"
   python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["plans"][0]; print("plan: spec_type", p.get("spec_type"), "|", p["reason"][p["reason"].find("Speculative"):].split(". First")[0])' \
     /etc/llm-fleet/plan.json
-  playbook playbooks/llama_server.yml --check --diff > "$OUT/stage-llama_server-check-trial.log" 2>&1
-  echo "llama_server(check, trial) rc=$?" | tee -a "$OUT/rc.txt"
-  python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check-trial.log" > "$OUT/units-trial.json" \
-    || { tail -60 "$OUT/stage-llama_server-check-trial.log"; exit 6; }
-  stamp "SPEC: restart llama-server@0 with the trial's ExecStart"
+  playbook playbooks/llama_server.yml --check --diff "$@" > "$OUT/stage-llama_server-check-$name.log" 2>&1
+  echo "llama_server(check, $name) rc=$?" | tee -a "$OUT/rc.txt"
+  python3 "$HERE/unit_from_diff.py" "$OUT/stage-llama_server-check-$name.log" > "$OUT/units-$name.json" \
+    || { tail -60 "$OUT/stage-llama_server-check-$name.log"; exit 6; }
+  stamp "SPEC: restart llama-server@0 with the ExecStart of $name"
   kill -- -"$SERVER_PID" 2>/dev/null || kill "$SERVER_PID" 2>/dev/null
   for _ in $(seq 1 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
   wait "$SERVER_PID" 2>/dev/null
-  start_scripts "$OUT/units-trial.json"
-  tee "$OUT/exec-start-trial.sh" < "$WORK/start.sh"
-  port=$(unit_port 0 "$OUT/units-trial.json")
-  setsid bash "$WORK/start.sh" > "$OUT/llama-server-trial.log" 2>&1 < /dev/null &
+  start_scripts "$OUT/units-$name.json"
+  tee "$OUT/exec-start-$name.sh" < "$WORK/start.sh"
+  port=$(unit_port 0 "$OUT/units-$name.json")
+  setsid bash "$WORK/start.sh" > "$OUT/llama-server-$name.log" 2>&1 < /dev/null &
   SERVER_PID=$!; echo "$SERVER_PID" > "$GPUHOST_PIDS/llama-server@0.service.pid"
   for _ in $(seq 1 180); do health "$port" >/dev/null && break; sleep 1; done
   stamp "health of :$port: $(health "$port")"
-  # the trial's process as it loaded (before verify: kept even if the run is cut off later)
+  # the process as it loaded (before verify: kept even if the run is cut off later)
   { echo "server_pid=$SERVER_PID"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
-    nvidia-smi --query-gpu=memory.used,memory.total --format=csv; } > "$OUT/nvidia-smi-compute-apps-trial-start.csv" 2>&1
-  cat "$OUT/nvidia-smi-compute-apps-trial-start.csv"
-  verify_vars "$OUT/units-trial.json"
-  stamp "SPEC: verify stage (the trial)"
-  playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" > "$OUT/stage-verify-trial.log" 2>&1; echo "verify(trial) rc=$?" | tee -a "$OUT/rc.txt"
-  grep -A6 'Say what the speed gate found' "$OUT/stage-verify-trial.log" | head -10
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv; } > "$OUT/nvidia-smi-compute-apps-$name-start.csv" 2>&1
+  cat "$OUT/nvidia-smi-compute-apps-$name-start.csv"
+  verify_vars "$OUT/units-$name.json"
+  stamp "SPEC: verify stage ($name)"
+  playbook playbooks/verify.yml -e @"$WORK/verify-vars.yml" "$@" > "$OUT/stage-verify-$name.log" 2>&1
+  echo "verify($name) rc=$?" | tee -a "$OUT/rc.txt"
+  grep -A6 'Say what the speed gate found' "$OUT/stage-verify-$name.log" | head -10
+}
+if [ -n "${SPEC:-}" ]; then
+  spec_state baseline
+  spec_cycle trial
   spec_state trial
+  # PROMPT_WALK=1: verify's load-test prompt set to the copy prompt (verify_loadtest_prompt), with
+  # verify_speculation_min_gain WALK_MIN_GAIN: the trial's no_gain was measured with verify's own
+  # prompt, so verify marks it outdated and measures the copy prompt's baseline; the next plan
+  # tries it again against that baseline, and the last model stage follows that verdict.
+  if [ -n "${PROMPT_WALK:-}" ]; then
+    python3 -c 'import json,sys; print(json.dumps({"verify_loadtest_prompt": open(sys.argv[1]).read().strip(), "verify_speculation_min_gain": float(sys.argv[2])}))' \
+      "$HERE/copy-prompt.txt" "${WALK_MIN_GAIN:-0.5}" | tee "$OUT/walk-vars.json" > "$WORK/walk-vars.json"
+    spec_cycle copy-off -e @"$WORK/walk-vars.json"
+    spec_state copy-off nocopy
+    spec_cycle copy-trial -e @"$WORK/walk-vars.json"
+    spec_state copy-trial nocopy
+  fi
 fi
 
 # --- the rerun's comparison, twice, while the server serves: record, then settled ------

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What SPEC=1 of benchmarks/gpu-host/run.sh measured (issue 35): verify's figures without
 and with speculative decoding, the verdict it recorded, the plans before and after, the copy
-prompt's load test on both servers and the draft acceptance llama-server reported.
+prompt's load test on both servers and the draft acceptance llama-server reported; with
+PROMPT_WALK=1, each step of the walk with verify's prompt set to the copy prompt.
 
     spec_summary.py <OUT>     prints lines to read and writes <OUT>/speculation-summary.json"""
 import json
@@ -200,6 +201,48 @@ def main(out):
             json.dump(summary, handle, indent=1, sort_keys=True)
     for key, values in summary["metrics"].items():
         print("metrics %s: %s" % (key, values))
+    walk(out, summary)
+
+
+def walk(out, summary):
+    """PROMPT_WALK=1: verify's prompt set to the copy prompt, served without it (copy-off: the
+    verdict marked outdated, the prompt's baseline recorded), then the trial again (copy-trial)."""
+    states = [s for s in ("copy-off", "copy-trial") if load(out, "verify-%s.fact.json" % s)]
+    if not states:
+        return
+    summary["walk"] = {}
+    for state in states:
+        fact = load(out, "verify-%s.fact.json" % state)
+        gate = fact.get("speed_gate") or {}
+        plan = ((load(out, "plan-%s.json" % state) or {}).get("plans") or [{}])[0]
+        reason = plan.get("reason") or ""
+        start = reason.find("Speculative")
+        summary["walk"][state] = {
+            "plan_spec_type": plan.get("spec_type"),
+            "plan_speculation": reason[start:].split(". First token")[0] if start >= 0 else "",
+            "verify": verify_figures(fact),
+            "prompt_id": ((fact.get("instances") or [{}])[0]).get("prompt_id"),
+            "speed_gate": [{"verdict": v.get("verdict"), "gated": v.get("gated"), "message": v.get("message")}
+                           for v in gate.get("verdicts") or []],
+            "speculation": [{"verdict": v.get("verdict"), "build": v.get("build"), "message": v.get("message")}
+                            for v in gate.get("speculation") or []],
+            "metrics_after_verify": dict(
+                (name, metric(os.path.join(out, "metrics-%s-after-verify.txt" % state), name))
+                for name in ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")),
+            "server_log": acceptance_lines(os.path.join(out, "llama-server-%s.log" % state))}
+    with open(os.path.join(out, "speculation-summary.json"), "w") as handle:
+        json.dump(summary, handle, indent=1, sort_keys=True)
+    for state, step in summary["walk"].items():
+        print("walk %s: plan spec_type %s: %s" % (state, step["plan_spec_type"], step["plan_speculation"]))
+        fig = step["verify"]
+        print("walk %s: verify (prompt %s) 1 stream %s tok/s, every slot busy %s tok/s, first token at slots %s s"
+              % (state, step["prompt_id"], fig["single_stream_tps"], fig["all_slots_decode_tps"],
+                 fig["ttft_at_slots_s"]))
+        for v in step["speed_gate"]:
+            print("walk %s: speed gate %s (gated %s): %s" % (state, v["verdict"], v["gated"], v["message"]))
+        for v in step["speculation"]:
+            print("walk %s: speculation %s (build %s): %s" % (state, v["verdict"], v["build"], v["message"]))
+        print("walk %s: drafts %s" % (state, step["server_log"]))
 
 
 if __name__ == "__main__":
