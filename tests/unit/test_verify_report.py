@@ -270,6 +270,21 @@ def test_fleet_report_lists_flagged_errors_and_missing_hosts():
     json.dumps(report)
 
 
+def test_the_fleet_report_says_what_the_speed_gate_judged_and_the_speculation_verdicts():
+    rec = record(synthetic_loadtest(single=30.0))
+    assert "## Speed gate" not in render.verify_fleet_markdown(vr.verify_fleet_report([rec], "now"))
+    rec["speed_gate"] = {
+        "verdicts": [{"verdict": "not_gated", "gated": False, "message": "GPU 0: unchanged"},
+                     {"verdict": "refuse", "gated": True, "message": "GPU 1: below 0.90 of the fleet's baseline"},
+                     {"verdict": "no_baseline", "gated": False, "message": "GPU 2: unchanged, not gated; recorded"}],
+        "speculation": [{"verdict": "outdated", "message": "GPU 3: the load-test prompt changed"}]}
+    md = render.verify_fleet_markdown(vr.verify_fleet_report([rec], "now"))
+    section = md.split("## Speed gate and speculative decoding", 1)[1]
+    assert "- gpu01 refuse: GPU 1: below 0.90" in section and "- gpu01 no_baseline: GPU 2: unchanged" in section
+    assert "- gpu01 speculation outdated: GPU 3: the load-test prompt changed" in section
+    assert "GPU 0: unchanged" not in section
+
+
 def test_the_plot_keeps_every_label_inside_the_frame_and_names_an_off_scale_ceiling():
     import xml.etree.ElementTree as ET
     near = record(synthetic_loadtest(single=30.0, agg4=90.0), host="gpu01")  # ceiling 43.5: drawn

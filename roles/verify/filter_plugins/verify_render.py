@@ -100,10 +100,27 @@ def verify_fleet_markdown(report, missing_hosts=None):
                 notes.append("- %s GPU %s: ceiling ratio %s" % (record["host"], i["gpu_index"], i["ceiling_note"]))
     if notes:
         lines += ["", "## Notes", ""] + notes
+    gate = _speed_gate_lines(report)
+    if gate:
+        lines += ["", "## Speed gate and speculative decoding", ""] + gate
     lines += ["", "Totals: %s tok/s single-stream, %s tok/s with every slot busy; ceiling ratio min %s, mean %s." % (
         _cell(report.get("single_stream_tps_total")), _cell(report.get("aggregate_slots_tps_total")),
         _cell(report.get("ceiling_ratio_min"), "%.2f"), _cell(report.get("ceiling_ratio_mean"), "%.2f"))]
     return "\n".join(lines) + "\n"
+
+
+def _speed_gate_lines(report):
+    """What the rollout's speed gate judged (a changed instance, or a baseline recorded) and the
+    speculation verdicts the next plan follows, a line each (module_utils/speed_gate.py)."""
+    out = []
+    for record in sorted(report.get("records", []), key=lambda r: r["host"]):
+        gate = record.get("speed_gate") or {}
+        for v in gate.get("verdicts") or []:
+            if v.get("gated") or v.get("verdict") == "no_baseline":
+                out.append("- %s %s: %s" % (record["host"], v.get("verdict"), v.get("message")))
+        for v in gate.get("speculation") or []:
+            out.append("- %s speculation %s: %s" % (record["host"], v.get("verdict"), v.get("message")))
+    return out
 
 
 def _esc(text):
