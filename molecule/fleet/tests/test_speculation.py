@@ -13,7 +13,8 @@ import pytest
 from hostprobe import node, only_in_scenario, run_playbook, stage_fact
 from test_llama_server import cmdline
 
-pytestmark = [only_in_scenario("fleet"), pytest.mark.day_two]
+# the trial and its refusal run in CI (about 2 minutes); the prompt walk (about 8) is day two
+pytestmark = only_in_scenario("fleet")
 
 HOST = "fleet-sxm2-16gb"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -79,6 +80,7 @@ def test_speculation_is_tried_measured_and_turned_off_where_it_does_not_pay(tmp_
     assert stage_fact(host, "verify")["speed_gate"]["speculation"] == []
 
 
+@pytest.mark.day_two
 def test_a_new_load_test_prompt_is_measured_without_it_before_a_trial_is_judged(tmp_path):
     """verify_loadtest_prompt set to a prompt of the operator's own: the trial finds no baseline
     measured with it, so it is recorded 'unmeasured' (not judged against the default prompt's
