@@ -61,6 +61,25 @@ def test_the_verdict_needs_a_gain_alone_and_no_loss_with_every_slot_busy(single,
     assert sp.speculation_verdict(inst, {}, 0.05)["verdict"] == "unmeasured"
 
 
+@pytest.mark.parametrize("single,slots,ttft,verdict", [
+    (583, 1188, 0.4, "pays"),       # the H100's free-text trial: x0.97 alone, x1.32 with every slot busy
+    (560, 1188, 0.4, "no_gain"),    # one stream loses 7%: more than the 5% allowed
+    (700, 920, 0.4, "no_gain"),     # +2% with every slot busy: below the 5% asked
+    (600, 1000, 0.5, "no_gain"),    # the first token waits 25% longer with every slot busy
+])
+def test_a_throughput_plan_must_gain_with_every_slot_busy(single, slots, ttft, verdict):
+    inst = dict(record(single=single, slots=slots), spec_type="ngram-mod", ttft_at_slots_s=ttft,
+                all_slots_decode_tps=slots, objective="throughput")
+    out = sp.speculation_verdict(inst, {"single_stream_tps": 600, "all_slots_decode_tps": 900,
+                                        "ttft_at_slots_s": 0.4}, 0.05, "GPU 0")
+    assert out["verdict"] == verdict and out["objective"] == "throughput", out["message"]
+    if verdict == "no_gain":
+        assert "the throughput objective needs x1.05 with every slot busy" in out["message"]
+    # the same figures for a latency plan: one stream must gain
+    assert sp.speculation_verdict(dict(inst, objective="latency"), out["baseline"], 0.05)["verdict"] == (
+        "pays" if single >= 630 and slots >= 855 and ttft <= 0.42 else "no_gain")
+
+
 @pytest.mark.parametrize("bad", ["x", -0.1, 11, None])
 def test_a_bad_min_gain_is_named(bad):
     with pytest.raises(ValueError, match="min_gain"):

@@ -276,8 +276,10 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "parallel": slots,
         "cache_type_k": instance.get("cache_type_k"),
         "cache_type_v": instance.get("cache_type_v"),
-        # speculative decoding the instance served with (none, ngram-mod)
+        # speculative decoding the instance served with (none, ngram-mod), and what the plan was
+        # for (latency, throughput): what speculation must gain (module_utils/speculation.py)
         "spec_type": instance.get("spec_type") or plan.get("spec_type") or "none",
+        "objective": plan.get("objective") or "latency",
         # resident, or on_demand: served by its card's router (module_utils/speed_gate.py keys on it)
         "load": instance.get("load") or "resident",
         # the draft model it served with (draft-simple): a verdict is that draft's only
