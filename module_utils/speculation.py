@@ -25,6 +25,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible.module_utils.speed_gate import model_file
+
 SPEC_TYPES = ("none", "ngram-mod", "draft-simple")
 DEFAULT_MIN_GAIN = 0.05
 # what must be equal for the planner to read a measurement as this plan's (the speed
@@ -39,12 +41,19 @@ def spec_type(record):
 
 
 def _plan_config(config):
-    return dict((k, (config or {}).get(k) if k != "split_mode" else (config or {}).get(k) or "none")
-                for k in PLAN_KEYS)
+    out = dict((k, (config or {}).get(k) if k != "split_mode" else (config or {}).get(k) or "none")
+               for k in PLAN_KEYS)
+    out["model_file"] = model_file(config)
+    return out
 
 
 def _same(config, plan):
-    return _plan_config(config) == _plan_config(plan)
+    """The same configuration; a measurement recorded before configurations named the model
+    file (no model_file) matches any model, as it did then."""
+    a, b = _plan_config(config), _plan_config(plan)
+    if a["model_file"] is None or b["model_file"] is None:
+        a["model_file"] = b["model_file"] = None
+    return a == b
 
 
 def check_min_gain(value):

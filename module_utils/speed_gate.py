@@ -79,7 +79,18 @@ def config_key(record):
     # hop, no llama-bench): another configuration than the same plan served alone
     if record.get("load") == "on_demand":
         key["load"] = "on_demand"
+    # the model's file: two models of one quant and shape (a chat and a coder model, one card
+    # or two groups of hosts) are two baselines
+    if model_file(record):
+        key["model_file"] = model_file(record)
     return key
+
+
+def model_file(record):
+    """The model's file name (a verify record's model_file, or a plan's model_path: the
+    plan before the download names the mirror's copy, so only the name is compared)."""
+    path = (record or {}).get("model_file") or (record or {}).get("model_path")
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if path else None
 
 
 def _median(values):
@@ -94,6 +105,10 @@ def baseline_for(record, baselines, names=None):
     figures, default the gated ones)."""
     key = config_key(record)
     same = [b for b in baselines or [] if isinstance(b, dict) and b.get("config") == key]
+    if not same and "model_file" in key:
+        # recorded before baselines named the model: they still judge it until its own exist
+        legacy = dict((k, v) for k, v in key.items() if k != "model_file")
+        same = [b for b in baselines or [] if isinstance(b, dict) and b.get("config") == legacy]
     out = {}
     for name in names or [n for n, _ in FIGURES]:
         values = [float(b["figures"][name]) for b in same

@@ -272,3 +272,18 @@ def test_a_verdict_is_tried_again_after_llama_cpp_is_upgraded():
     assert kind == "none" and "measured no gain on gpu01" in why
     gate, content = verify_run(content, dict(record(), ttft_at_slots_s=0.4), {"0": "new"}, "2026-12-07T05:00:00Z")
     assert gate["speculation"] == []
+
+
+def test_a_verdict_is_its_model_s():
+    """Two models of one shape: the chat model's verdict does not decide the coder model's plan;
+    a verdict recorded before configurations named the model still decides either."""
+    lost = {"verdict": "no_gain", "spec_type": "ngram-mod", "host": "gpu01", "measured_at": "2026-12-07T01:00:00Z",
+            "config": sg.config_key(record(model_file="chat-32b-q4_k.gguf")), "message": "x0.93"}
+    base = dict(plain_baseline(), config=sg.config_key(record(model_file="coder-7b-q4_k.gguf")))
+    coder = dict(PLAN, model_path="/var/lib/llm-fleet/models/coder-7b-q4_k.gguf")
+    chat = dict(PLAN, model_path="https://mirror/models/chat-32b-q4_k.gguf")  # the plan before the download
+    content = {"baselines": [base], "speculation": [lost]}
+    assert sp.plan_speculation(coder, "ngram-mod", content)[0] == "ngram-mod"  # a trial: its own baseline
+    assert sp.plan_speculation(chat, "ngram-mod", content)[0] == "none"
+    legacy = dict(lost, config=sg.config_key(record()))
+    assert sp.plan_speculation(coder, "ngram-mod", {"baselines": [base], "speculation": [legacy]})[0] == "none"

@@ -62,6 +62,21 @@ def test_an_unchanged_instance_the_fleet_never_measured_so_becomes_the_baseline(
     assert again["verdicts"][0]["verdict"] == "not_gated" and again["messages"] == []
 
 
+def test_two_models_of_one_shape_have_a_baseline_each_and_older_baselines_still_judge():
+    """A chat and a coder model, both Q4_K with the same slots and context on one card name:
+    the small one's figures must not judge the large one. Baselines recorded before the key
+    named the model (no model_file) still judge either until its own is recorded."""
+    chat, coder = record(single=60, model_file="chat-32b-q4_k.gguf"), record(single=60, model_path="/m/coder-7b-q4_k.gguf")
+    assert sg.config_key(coder)["model_file"] == "coder-7b-q4_k.gguf" and "model_file" not in sg.config_key(record())
+    of_coder = baseline(single=200.0, model_file="coder-7b-q4_k.gguf")
+    assert sg.judge(chat, [of_coder])["verdict"] == "no_baseline"
+    assert sg.judge(coder, [of_coder])["verdict"] == "refuse"
+    legacy = baseline(single=200.0)  # no model named
+    assert sg.judge(chat, [legacy])["verdict"] == "refuse"
+    of_chat = baseline(single=60.0, model_file="chat-32b-q4_k.gguf")
+    assert sg.judge(chat, [legacy, of_chat])["verdict"] == "pass"
+
+
 def test_a_changed_instance_as_fast_as_the_baseline_passes():
     verdict = sg.judge(record(single=590, slots=880, prompt=1950), [baseline()], build="b2")
     assert verdict["verdict"] == "pass"

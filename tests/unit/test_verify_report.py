@@ -152,12 +152,12 @@ def test_two_models_on_one_card_are_measured_process_by_process():
     process with the PID that served its load test) against what the plan gave the process
     alone; the card's total holds both and says nothing about either."""
     second = dict(INSTANCE, instance="0-code", model_name="code", model_rank=1, port=8180,
-                  unit="llama-server@0-code.service", quant="Q6_K")
+                  unit="llama-server@0-code.service", quant="Q6_K", model_path=None)
     first = dict(INSTANCE, instance="0", model_name="chat", model_rank=0)
     shared = {"other_models_bytes": 6 * GIB, "predicted_used_bytes": int(27.41 * GIB)}
     plans = [dict(PLAN, instance="0", model_name="chat",
                   memory=dict(PLAN["memory"], predicted_process_bytes=20 * GIB, **shared)),
-             dict(PLAN, instance="0-code", model_name="code", quant="Q6_K",
+             dict(PLAN, instance="0-code", model_name="code", quant="Q6_K", model_path="/srv/models/code-q6_k.gguf",
                   memory=dict(PLAN["memory"], predicted_process_bytes=6 * GIB,
                               **dict(shared, other_models_bytes=20 * GIB)))]
     gpu = dict(GPU, health={"processes_read": True, "processes": [
@@ -175,6 +175,9 @@ def test_two_models_on_one_card_are_measured_process_by_process():
     assert code["vram"]["measured_over_predicted"] == round(6.1 / 6, 4)
     assert chat["vram"]["measured_over_predicted"] == round(19.9 / 20, 4)
     assert code["quant"] == "Q6_K"
+    # each model's speed baseline is its own (module_utils/speed_gate.py)
+    # (the file the instance serves; the plan's where the instance names none)
+    assert (code["model_file"], chat["model_file"]) == ("code-q6_k.gguf", "qwen-q4_k_m.gguf")
     assert "GPU 0 code :8180" in rec["summary"] and "GPU 0 chat :8080" in rec["summary"]
     # a PID NVML does not list: no ratio, and the record says why
     gone = vr.verify_host_record("gpu01", [second], plans, [gpu], [dict(tests[1], pid="999")], [None], CUDA_BUILD, 0.25)

@@ -24,6 +24,7 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 
 from ansible.module_utils.fleet_instances import instance_id  # noqa: E402
 from ansible.module_utils.plan_speed import calibration_record  # noqa: E402
+from ansible.module_utils.speed_gate import model_file  # noqa: E402
 from ansible.module_utils.filter_input import guard_filters  # noqa: E402
 
 RECORD_VERSION = 1
@@ -272,6 +273,8 @@ def instance_record(instance, plan, gpu, loadtest, bench, backend, min_fraction,
         "port": instance.get("port"),
         "unit": instance.get("unit"),
         "quant": instance.get("quant"),
+        # the model's file name: the speed gate's baselines are per model (module_utils/speed_gate.py)
+        "model_file": model_file(instance) or model_file(plan),
         "ctx_size": instance.get("ctx_size"),
         "parallel": slots,
         "cache_type_k": instance.get("cache_type_k"),
